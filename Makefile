@@ -1,0 +1,44 @@
+# gpuplace — the two commands a newcomer runs: `make demo`, then `make test`.
+# Everything is installed from PyPI and the Go module proxy; built binaries are cached by
+# version in ~/.cache/gpuplace (override with GPUPLACE_CACHE).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: help install controlplane demo test test-unit test-e2e lint clean
+
+help:
+	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
+	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
+	@echo "make test-unit   fast tests only (no control plane)"
+	@echo "make install     create $(VENV) and install gpuplace with test extras"
+	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd (cached by version)"
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+controlplane:
+	hack/build-control-plane.sh all
+
+lint: install
+	$(BIN)/lint-imports
+
+demo: install controlplane
+	$(BIN)/python -m examples.demo
+
+test-unit: install
+	$(BIN)/pytest -q -m "not e2e"
+
+test-e2e: install controlplane
+	$(BIN)/pytest -q -m e2e
+
+test: install controlplane lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .demo

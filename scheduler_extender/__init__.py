@@ -1,0 +1,1 @@
+"""gpuplace scheduler extender: filters and scores nodes for GPU pods on behalf of kube-scheduler."""

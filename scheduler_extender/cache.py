@@ -1,0 +1,210 @@
+"""The extender's view of the cluster: node inventories and the GPUs pods hold, per node.
+
+Fed by watch events (``watch.py``) in cluster mode; pure state, no I/O, thread-safe. Each node's
+``NodeState`` is rebuilt only when that node's inventory annotation or its pods change, so a
+request reads precomputed states instead of parsing inventories.
+
+Allocation rules:
+- a pod holds GPUs on a node when ``spec.nodeName`` is set and its phase is neither Succeeded nor
+  Failed (a pod being deleted still holds its GPUs until it is gone);
+- units whose ``allocatedTo`` names such a pod are held by it; the agent's ``allocatedTo`` for a
+  pod the API server no longer has is ignored (the agent may not have caught up yet);
+- GPU requests of pods no ``allocatedTo`` names are counted per resource as ``anonymous``: they
+  lower the free count without pinning a device.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
+from scheduler_extender.core.catalog import Catalog
+from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view
+from scheduler_extender.core.requirements import pod_gpu_requests
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass
+class _Node:
+    name: str
+    annotation: str | None
+    view: NodeView | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class _Pod:
+    key: str
+    node: str
+    requests: Mapping[str, int]
+
+
+@dataclass
+class CacheStats:
+    node_events: int = 0
+    pod_events: int = 0
+    relists: int = 0
+    inventory_errors: dict[str, str] = field(default_factory=dict)
+
+
+def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog) -> tuple[NodeView | None, str | None]:
+    """(view, None) for a valid annotation, (None, reason) otherwise; never raises."""
+    if annotation is None:
+        return None, None
+    try:
+        inv = parse_inventory(annotation, source=ANNOTATION)
+    except InventoryError as e:
+        return None, str(e)
+    if inv.node_name != name:
+        return None, f"{ANNOTATION}: nodeName {inv.node_name!r} is not this node ({name!r})"
+    return build_node_view(inv, catalog, name), None
+
+
+class ClusterCache:
+    """Nodes and GPU pods, indexed by node. Methods take decoded API objects (dicts)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {}
+        self._pods: dict[str, _Pod] = {}  # uid -> pod holding GPUs on a node
+        self._pods_by_node: dict[str, set[str]] = {}
+        self._states: dict[str, NodeState] = {}
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.stats = CacheStats()
+
+    # ---- readiness ---------------------------------------------------------------------------
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ---- nodes -------------------------------------------------------------------------------
+    def _set_node(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        annotation = (meta.get("annotations") or {}).get(ANNOTATION)
+        current = self._nodes.get(name)
+        if current is not None and current.annotation == annotation:
+            return  # unchanged inventory: keep the parsed view
+        view, error = parse_node_inventory(name, annotation, self._catalog)
+        self._nodes[name] = _Node(name, annotation, view, error)
+        if error:
+            self.stats.inventory_errors[name] = error
+        else:
+            self.stats.inventory_errors.pop(name, None)
+        self._states.pop(name, None)
+
+    def apply_node_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.stats.node_events += 1
+            if event_type == "DELETED":
+                name = (obj.get("metadata") or {}).get("name")
+                self._nodes.pop(name, None)
+                self._states.pop(name, None)
+                self.stats.inventory_errors.pop(name, None)
+            else:
+                self._set_node(obj)
+
+    def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: nodes not in it are gone."""
+        with self._lock:
+            seen = set()
+            for obj in objs:
+                self._set_node(obj)
+                seen.add((obj.get("metadata") or {}).get("name"))
+            for name in list(self._nodes):
+                if name not in seen:
+                    self._nodes.pop(name)
+                    self._states.pop(name, None)
+                    self.stats.inventory_errors.pop(name, None)
+            self.nodes_synced = True
+
+    # ---- pods --------------------------------------------------------------------------------
+    def _remove_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            self._pods_by_node.get(old.node, set()).discard(uid)
+            self._states.pop(old.node, None)
+
+    def _set_pod(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        node = (obj.get("spec") or {}).get("nodeName")
+        phase = (obj.get("status") or {}).get("phase")
+        requests, _ = pod_gpu_requests(obj)
+        if not node or phase in TERMINAL_PHASES or not requests:
+            self._remove_pod(uid)
+            return
+        pod = _Pod(f"{meta.get('namespace', 'default')}/{meta.get('name')}", node, requests)
+        if self._pods.get(uid) == pod:
+            return
+        self._remove_pod(uid)
+        self._pods[uid] = pod
+        self._pods_by_node.setdefault(node, set()).add(uid)
+        self._states.pop(node, None)
+
+    def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.stats.pod_events += 1
+            if event_type == "DELETED":
+                meta = obj.get("metadata") or {}
+                self._remove_pod(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+            else:
+                self._set_pod(obj)
+
+    def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._pods.clear()
+            self._pods_by_node.clear()
+            self._states.clear()
+            for obj in objs:
+                self._set_pod(obj)
+            self.pods_synced = True
+
+    # ---- reads -------------------------------------------------------------------------------
+    def _allocation(self, node: _Node) -> NodeAllocation:
+        pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
+        if not pods:
+            return NodeAllocation()
+        live = {p.key for p in pods}
+        held: dict[str, str] = {}
+        named: set[str] = set()
+        if node.view is not None:
+            for u in node.view.all_units:
+                if u.allocated_to and u.allocated_to in live:
+                    held[u.uuid] = u.allocated_to
+                    named.add(u.allocated_to)
+        anonymous: dict[str, int] = {}
+        for p in pods:
+            if p.key in named:
+                continue
+            for resource, n in p.requests.items():
+                anonymous[resource] = anonymous.get(resource, 0) + n
+        return NodeAllocation(held=held, anonymous=anonymous)
+
+    def state(self, name: str) -> NodeState | None:
+        """The node's current state, or None if the node is unknown."""
+        with self._lock:
+            cached = self._states.get(name)
+            if cached is not None:
+                return cached
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            st = NodeState(name=name, view=node.view, allocation=self._allocation(node), inventory_error=node.error)
+            self._states[name] = st
+            return st
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def pods_on(self, name: str) -> list[str]:
+        with self._lock:
+            return sorted(self._pods[uid].key for uid in self._pods_by_node.get(name, ()))

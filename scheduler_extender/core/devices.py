@@ -1,0 +1,197 @@
+"""A node's schedulable units (full GPUs or MIG devices) and which of them are free.
+
+The unit a pod gets depends on the resource it requests and on how the NVIDIA device plugin
+exposes MIG (``migStrategy`` in the inventory; NVIDIA k8s-device-plugin README, "MIG support"):
+
+- ``nvidia.com/gpu``: full NVIDIA GPUs without MIG; with strategy ``single`` also the MIG
+  devices (the plugin then advertises each MIG device as one ``nvidia.com/gpu``);
+- ``nvidia.com/mig-<profile>`` (strategy ``mixed``): MIG devices of that profile;
+- ``amd.com/gpu``: AMD GPUs (ROCm k8s-device-plugin).
+
+A ``NodeView`` is built once per inventory (not per request) and is immutable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from node_agent.inventory import GPU, NodeGPUInventory
+from scheduler_extender.core.catalog import Catalog, CatalogEntry
+from scheduler_extender.core.quantity import MIB
+from scheduler_extender.core.requirements import AMD_GPU, MIG_PREFIX, NVIDIA_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One device a pod can be given: a full GPU or a MIG device.
+
+    ``memory_bytes`` is the unit's own VRAM; ``cost_fraction`` the share of the parent GPU's
+    price it stands for (1 for a full GPU, compute slices / 7 for an A100/H100 MIG device).
+    ``ecc_enabled`` and ``compute_capability`` are ``None`` when unknown.
+    """
+
+    uuid: str
+    kind: Literal["gpu", "mig"]
+    gpu_index: int
+    gpu_uuid: str
+    vendor: str
+    name: str
+    entry: CatalogEntry | None
+    mig_profile: str | None
+    memory_bytes: int
+    healthy: bool
+    health_reason: str
+    ecc_enabled: bool | None
+    compute_capability: tuple[int, int] | None
+    nvlink_peers: frozenset[str]
+    allocated_to: str
+    cost_fraction: float
+    memory_bandwidth_gbps: float | None
+    bf16_tflops: float | None
+
+    @property
+    def model(self) -> str:
+        """Short model name for messages: the driver name without the vendor prefix."""
+        for prefix in ("NVIDIA ", "AMD "):
+            if self.name.startswith(prefix):
+                return self.name[len(prefix):]
+        return self.name
+
+
+def _mig_cost_fraction(entry: CatalogEntry | None, profile: str, memory_mib: int, parent_mib: int) -> float:
+    if entry is not None and entry.mig_profiles:
+        p = entry.mig_profile(profile)
+        slices_total = max(mp.compute_slices for mp in entry.mig_profiles)
+        if p is not None:
+            return p.compute_slices / slices_total
+    try:  # "3g.40gb" -> 3 compute slices of 7 (A100/H100 have seven)
+        return min(1.0, int(profile.split("g.")[0]) / 7)
+    except ValueError:
+        return min(1.0, memory_mib / parent_mib)
+
+
+def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
+    entry = catalog.resolve_driver_name(gpu.name)
+    cc = gpu.compute_capability_tuple or (entry.compute_capability_tuple if entry else None)
+    bandwidth = gpu.memory_bandwidth_gbps if gpu.memory_bandwidth_gbps is not None else (
+        entry.memory_bandwidth_gbps if entry else None)
+    bf16 = entry.bf16_tflops_dense if entry else None
+    reason = "; ".join(gpu.health_reasons) if gpu.health_reasons else ("reported unhealthy" if not gpu.healthy else "")
+    if not gpu.mig_enabled:
+        unit = Unit(
+            uuid=gpu.uuid, kind="gpu", gpu_index=gpu.index, gpu_uuid=gpu.uuid, vendor=gpu.vendor,
+            name=gpu.name, entry=entry, mig_profile=None, memory_bytes=gpu.memory_mib * MIB,
+            healthy=gpu.healthy, health_reason=reason, ecc_enabled=gpu.ecc_enabled,
+            compute_capability=cc, nvlink_peers=frozenset(p.peer_uuid for p in gpu.nvlinks),
+            allocated_to=gpu.allocated_to, cost_fraction=1.0,
+            memory_bandwidth_gbps=bandwidth, bf16_tflops=bf16,
+        )
+        return unit, []
+    migs = []
+    for m in gpu.mig_devices:
+        frac = _mig_cost_fraction(entry, m.profile, m.memory_mib, gpu.memory_mib)
+        migs.append(Unit(
+            uuid=m.uuid, kind="mig", gpu_index=gpu.index, gpu_uuid=gpu.uuid, vendor=gpu.vendor,
+            name=gpu.name, entry=entry, mig_profile=m.profile, memory_bytes=m.memory_mib * MIB,
+            healthy=gpu.healthy, health_reason=reason, ecc_enabled=gpu.ecc_enabled,
+            compute_capability=cc, nvlink_peers=frozenset(),  # MIG devices have no peer-to-peer
+            allocated_to=m.allocated_to, cost_fraction=frac,
+            memory_bandwidth_gbps=None if bandwidth is None else bandwidth * frac,
+            bf16_tflops=None if bf16 is None else bf16 * frac,
+        ))
+    return None, migs
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """Immutable, precomputed view of one node's inventory, by resource name."""
+
+    name: str
+    inventory: NodeGPUInventory
+    units_by_resource: Mapping[str, tuple[Unit, ...]]
+    description: str = field(default="")
+
+    def units(self, resource: str) -> tuple[Unit, ...]:
+        return self.units_by_resource.get(resource, ())
+
+    @property
+    def all_units(self) -> list[Unit]:
+        seen: dict[str, Unit] = {}
+        for units in self.units_by_resource.values():
+            for u in units:
+                seen[u.uuid] = u
+        return list(seen.values())
+
+
+def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: str | None = None) -> NodeView:
+    """Index an inventory's units by the resource that schedules them (see module docstring)."""
+    by_resource: dict[str, list[Unit]] = {}
+    strategy = inventory.mig_strategy
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        full, migs = _gpu_units(gpu, catalog)
+        if gpu.vendor == "amd":
+            if full is not None:
+                by_resource.setdefault(AMD_GPU, []).append(full)
+            continue
+        if full is not None:
+            by_resource.setdefault(NVIDIA_GPU, []).append(full)
+        for m in migs:
+            if strategy == "single":
+                by_resource.setdefault(NVIDIA_GPU, []).append(m)
+            elif strategy == "mixed":
+                by_resource.setdefault(f"{MIG_PREFIX}{m.mig_profile}", []).append(m)
+            # strategy none: the plugin does not advertise MIG devices at all
+    counts = Counter(g.name for g in inventory.gpus)
+    desc = ", ".join(f"{n}x {name}" for name, n in counts.most_common()) or "no GPUs"
+    return NodeView(
+        name=node_name or inventory.node_name,
+        inventory=inventory,
+        units_by_resource={k: tuple(v) for k, v in by_resource.items()},
+        description=desc,
+    )
+
+
+def allocatable_from_view(view: NodeView) -> dict[str, int]:
+    """The extended resources a device plugin would advertise for this inventory (healthy units)."""
+    return {r: sum(1 for u in units if u.healthy) for r, units in view.units_by_resource.items()}
+
+
+@dataclass(frozen=True)
+class NodeAllocation:
+    """Which units of a node are taken.
+
+    Attributes:
+        held: unit UUID -> ``"namespace/pod"`` for units known to be held.
+        anonymous: resource -> number of units held by pods whose exact devices are unknown
+            (pods bound to the node that no ``allocatedTo`` names); they reduce the free count.
+    """
+
+    held: Mapping[str, str] = field(default_factory=dict)
+    anonymous: Mapping[str, int] = field(default_factory=dict)
+
+    def held_count(self) -> int:
+        return len(self.held) + sum(self.anonymous.values())
+
+
+EMPTY_ALLOCATION = NodeAllocation()
+
+
+def allocation_from_inventory(view: NodeView) -> NodeAllocation:
+    """Allocations as the agent reported them (``allocatedTo``): static mode's source of truth."""
+    return NodeAllocation(held={u.uuid: u.allocated_to for u in view.all_units if u.allocated_to})
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the decision knows of one node: its inventory view (or why it has none) and allocations.
+
+    ``view`` is None when the node has no usable inventory; ``inventory_error`` then says why
+    (missing annotation, invalid document). The cache builds these on watch events.
+    """
+
+    name: str
+    view: NodeView | None
+    allocation: NodeAllocation = EMPTY_ALLOCATION
+    inventory_error: str | None = None

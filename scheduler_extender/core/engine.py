@@ -1,0 +1,58 @@
+"""The decision, composed in one place: pod + node states + policy -> filter verdicts and scores.
+
+An ``Engine`` is immutable and bound to one policy and catalog; a policy reload builds a new one
+and swaps the reference, so a request never sees half a policy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, Sequence
+
+from scheduler_extender.core.catalog import Catalog, default_catalog
+from scheduler_extender.core.devices import NodeState
+from scheduler_extender.core.filter import NodeResult, filter_node
+from scheduler_extender.core.job import Job, resolve_job
+from scheduler_extender.core.policy import Policy, default_policy
+from scheduler_extender.core.score import NodeScore, score_nodes
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Filter verdicts for every node, and scores for those that passed."""
+
+    job: Job
+    results: list[NodeResult]
+    scores: dict[str, NodeScore]
+
+    @property
+    def passed(self) -> list[NodeResult]:
+        return [r for r in self.results if r.passed]
+
+    def best(self) -> NodeScore | None:
+        ranked = sorted(self.scores.values(), key=lambda s: (-s.score, s.cost_per_hour, s.node))
+        return ranked[0] if ranked else None
+
+
+class Engine:
+    def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
+        self.policy = policy or default_policy()
+        self.catalog = catalog or default_catalog()
+        self._tokens = lru_cache(maxsize=1024)(self.catalog.resolve_token)
+
+    def job(self, pod: Mapping[str, Any]) -> Job:
+        return resolve_job(pod, self.policy, self.catalog)
+
+    def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
+        return [filter_node(job, s, self.policy, self._tokens, now) for s in states]
+
+    def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult]) -> dict[str, NodeScore]:
+        passed = [(s, r) for s, r in zip(states, results) if r.passed]
+        return {s.node: s for s in score_nodes(job, passed, self.policy)}
+
+    def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None) -> Decision:
+        job = self.job(pod)
+        results = self.filter(job, states, now)
+        return Decision(job, results, self.score(job, states, results))

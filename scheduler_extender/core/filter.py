@@ -1,0 +1,405 @@
+"""Filter: can this node run this pod? Each criterion is a small named unit with a reason.
+
+Per-unit criteria (``UNIT_CRITERIA``) look at one device (full GPU or MIG device) and return a
+reason or ``None``. Node criteria look at the node as a whole (inventory present and fresh, enough
+devices of the requested kind, free, joined by NVLink). ``filter_node`` composes them and reports
+*every* failing reason, grouped by devices ("GPU 0-3: 24 GiB VRAM < 30.3 GiB needed (13B
+inference, bf16)"), as kube-scheduler's ``NodeResourcesFit`` reports all insufficient resources.
+
+Failures a pod can never overcome on the node (wrong model, too little VRAM, no NVLink) are
+*unresolvable* (kube-scheduler's ``UnschedulableAndUnresolvable``, the extender's
+``FailedAndUnresolvableNodes``); failures that freeing GPUs would fix are *resolvable*
+(``FailedNodes``), which lets kube-scheduler's preemption consider the node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Callable, Iterable, Sequence
+
+from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, Unit
+from scheduler_extender.core.job import Job
+from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.requirements import (
+    A_EXCLUDE, A_MIN_CC, A_MODELS, A_REQUIRE, AMD_GPU, MIG_PREFIX, NVIDIA_GPU,
+)
+
+# Criterion names: stable identifiers used in metrics labels and `gpuplace explain`.
+C_ANNOTATION = "annotation"
+C_INVENTORY = "inventory"
+C_RESOURCE = "resource"
+C_HEALTHY = "healthy"
+C_RUNTIME = "runtime"
+C_MODEL = "model-allowed"
+C_CLASS = "class-allowed"
+C_CC = "compute-capability"
+C_VRAM = "vram"
+C_ECC = "ecc"
+C_DEVICE_KIND = "device-kind"
+C_COUNT = "gpu-count"
+C_FREE = "free-gpus"
+C_NVLINK = "nvlink"
+CRITERIA = (C_ANNOTATION, C_INVENTORY, C_RESOURCE, C_HEALTHY, C_RUNTIME, C_MODEL, C_CLASS, C_CC,
+            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    criterion: str
+    message: str
+    resolvable: bool = False
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """The filter's verdict for one node.
+
+    Attributes:
+        passed: the pod can run here now.
+        rejections: every failing criterion with its reason (empty when passed).
+        chosen: the units the pod would get (for the score); empty when failed.
+    """
+
+    node: str
+    passed: bool
+    rejections: tuple[Rejection, ...] = ()
+    chosen: tuple[Unit, ...] = ()
+    untouched: bool = False  # pod is not a GPU pod: passed without looking
+
+    @property
+    def unresolvable(self) -> bool:
+        return any(not r.resolvable for r in self.rejections)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(r.message for r in self.rejections)
+
+
+# ---- per-unit criteria ----------------------------------------------------------------------
+
+UnitCheck = Callable[[Unit, Job], "str | None"]
+
+
+def check_healthy(unit: Unit, job: Job) -> str | None:
+    """An unhealthy GPU (retired pages, double-bit ECC errors, XID, agent error) never counts."""
+    return None if unit.healthy else f"unhealthy ({unit.health_reason or 'reported by the agent'})"
+
+
+def check_runtime(unit: Unit, job: Job) -> str | None:
+    """CUDA jobs need NVIDIA GPUs, ROCm jobs AMD GPUs; ``any`` runs on both."""
+    runtime = job.req.runtime
+    if runtime == "cuda" and unit.vendor != "nvidia":
+        return f"{unit.model} is {unit.vendor.upper()}; a CUDA job needs NVIDIA GPUs (gpuplace.io/runtime)"
+    if runtime == "rocm" and unit.vendor != "amd":
+        return f"{unit.model} is NVIDIA; a ROCm job needs AMD GPUs (gpuplace.io/runtime)"
+    return None
+
+
+def check_model_allowed(unit: Unit, job: Job) -> str | None:
+    """The pod's ``gpu-models`` allowlist and ``exclude-gpu-models``, by catalog id (exact tokens)."""
+    req = job.req
+    model_id = unit.entry.id if unit.entry else None
+    if req.allowed_models is not None and model_id not in req.allowed_models:
+        return f"{unit.model} not in {A_MODELS} ({req.allowed_models_text})"
+    if model_id is not None and model_id in req.excluded_models:
+        return f"{unit.model} excluded by {A_EXCLUDE} ({req.excluded_models_text})"
+    return None
+
+
+def check_class_allowed(unit: Unit, job: Job, catalog_tokens: Callable[[str], frozenset[str]]) -> str | None:
+    """The size class's models (full GPUs) and MIG profiles, from the policy."""
+    cls = job.size_class
+    if unit.kind == "mig":
+        if not cls.mig_allowed:
+            return f"MIG devices are not used by class {cls.name} (policy)"
+        if cls.allowed_mig_profiles and unit.mig_profile not in cls.allowed_mig_profiles:
+            return f"MIG profile {unit.mig_profile} not allowed for class {cls.name} (policy)"
+        return None
+    model_id = unit.entry.id if unit.entry else None
+    if cls.allowed_models:
+        allowed = frozenset().union(*(catalog_tokens(t) for t in cls.allowed_models))
+        if model_id not in allowed:
+            return f"{unit.model} not allowed for class {cls.name} (policy allowedModels)"
+    if cls.denied_models and model_id is not None:
+        denied = frozenset().union(*(catalog_tokens(t) for t in cls.denied_models))
+        if model_id in denied:
+            return f"{unit.model} is kept for larger jobs; this pod is class {cls.name} (policy deniedModels)"
+    return None
+
+
+def check_compute_capability(unit: Unit, job: Job) -> str | None:
+    """``min-compute-capability`` and what an *annotated* precision needs (bf16 8.0, fp8 8.9).
+
+    The default precision, used only for the estimate, imposes nothing. On AMD GPUs a precision
+    is checked against the catalog's native precisions; a CUDA compute capability is unmet.
+    """
+    req = job.req
+    if unit.vendor == "amd":
+        if req.min_compute_capability is not None:
+            return f"{unit.model} has no CUDA compute capability ({A_MIN_CC})"
+        if req.precision and unit.entry is not None and req.precision not in unit.entry.precisions:
+            return f"{unit.model} has no native {req.precision}"
+        if req.precision and unit.entry is None:
+            return f"{unit.model}: {req.precision} support unknown (not in the catalog)"
+        return None
+    need = req.required_cc()
+    if need is None:
+        return None
+    (major, minor), why = need
+    why_text = f"for {why}" if why != A_MIN_CC else f"by {A_MIN_CC}"
+    if unit.compute_capability is None:
+        return f"compute capability unknown, {major}.{minor} needed {why_text}"
+    if unit.compute_capability < (major, minor):
+        have = ".".join(map(str, unit.compute_capability))
+        return f"compute capability {have} < {major}.{minor} needed {why_text}"
+    return None
+
+
+def check_vram(unit: Unit, job: Job) -> str | None:
+    """The unit's VRAM (a full GPU's or a MIG device's) covers the need per GPU."""
+    if job.vram is None or unit.memory_bytes >= job.vram.bytes_per_gpu:
+        return None
+    return f"{fmt_gib(unit.memory_bytes)} VRAM < {job.vram.describe()}"
+
+
+def check_ecc(unit: Unit, job: Job) -> str | None:
+    """``require: ecc``: ECC must be on; unknown ECC state does not satisfy a requirement."""
+    if "ecc" not in job.req.require:
+        return None
+    if unit.ecc_enabled is None:
+        return f"ECC state unknown ({A_REQUIRE}: ecc)"
+    return None if unit.ecc_enabled else f"ECC off ({A_REQUIRE}: ecc)"
+
+
+def check_device_kind(unit: Unit, job: Job) -> str | None:
+    """``require: full-gpu`` / ``require: mig``."""
+    if "full-gpu" in job.req.require and unit.kind == "mig":
+        return f"MIG device {unit.mig_profile}, not a full GPU ({A_REQUIRE}: full-gpu)"
+    if "mig" in job.req.require and unit.kind == "gpu":
+        return f"full GPU, not a MIG device ({A_REQUIRE}: mig)"
+    return None
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def _ranges(indices: Iterable[int]) -> str:
+    nums = sorted(set(indices))
+    parts: list[str] = []
+    start = prev = nums[0]
+    for n in nums[1:] + [None]:  # type: ignore[list-item]
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(f"{start}-{prev}" if prev > start + 1 else (f"{start},{prev}" if prev == start + 1 else f"{start}"))
+        if n is not None:
+            start = prev = n
+    return ",".join(parts)
+
+
+def label_units(units: Sequence[Unit]) -> str:
+    """'GPU 0-3', 'MIG 3g.40gb on GPU 0-1' (several devices per GPU counted: 'x4')."""
+    gpus = [u for u in units if u.kind == "gpu"]
+    migs = [u for u in units if u.kind == "mig"]
+    parts = []
+    if gpus:
+        parts.append(f"GPU {_ranges(u.gpu_index for u in gpus)}")
+    by_profile: dict[str, list[Unit]] = {}
+    for u in migs:
+        by_profile.setdefault(u.mig_profile or "?", []).append(u)
+    for profile, us in by_profile.items():
+        count = f" x{len(us)}" if len(us) > 1 else ""
+        parts.append(f"MIG {profile}{count} on GPU {_ranges(u.gpu_index for u in us)}")
+    return ", ".join(parts)
+
+
+def find_nvlink_group(units: Sequence[Unit], size: int) -> tuple[Unit, ...] | None:
+    """``size`` units every pair of which is joined by NVLink (a clique), or None.
+
+    NVLink does not route through a third GPU, so NCCL's peer-to-peer paths need direct links
+    (NVSwitch systems report every other GPU as a peer). Prefers the group whose units have the
+    least memory (best fit); nodes have at most 16 GPUs, so exhaustive search is cheap.
+    """
+    if size <= 1:
+        return tuple(units[:size]) if len(units) >= size else None
+    candidates = [u for u in units if u.kind == "gpu" and u.nvlink_peers]
+    if len(candidates) < size:
+        return None
+    candidates.sort(key=lambda u: (u.memory_bytes, u.gpu_index))
+    by_uuid = {u.uuid: u for u in candidates}
+
+    def extend(group: list[Unit], rest: list[Unit]) -> list[Unit] | None:
+        if len(group) == size:
+            return group
+        for i, u in enumerate(rest):
+            if len(group) + len(rest) - i < size:
+                return None
+            if all(u.uuid in g.nvlink_peers or g.uuid in u.nvlink_peers for g in group):
+                found = extend(group + [u], rest[i + 1:])
+                if found:
+                    return found
+        return None
+
+    found = extend([], [by_uuid[u.uuid] for u in candidates])
+    return tuple(found) if found else None
+
+
+def _device_word(resource: str) -> str:
+    return "MIG devices" if resource.startswith(MIG_PREFIX) else "GPUs"
+
+
+def inventory_rejection(state: NodeState, policy: Policy, now: dt.datetime | None) -> Rejection | None:
+    """No inventory, an invalid one, or one older than the policy's staleness limit.
+
+    ``now=None`` skips the staleness check (static mode: files are the truth).
+    """
+    if state.view is None:
+        if state.inventory_error:
+            return Rejection(C_INVENTORY, f"GPU inventory rejected: {state.inventory_error}")
+        return Rejection(C_INVENTORY, "no GPU inventory (annotation gpuplace.io/inventory missing; is gpuplace-agent running on this node?)")
+    if now is not None and policy.inventory.on_stale == "reject":
+        age = (now - state.view.inventory.observed_at).total_seconds()
+        limit = policy.inventory.stale_after_seconds
+        if age > limit:
+            return Rejection(C_INVENTORY, f"GPU inventory is stale: observed {age:.0f} s ago, limit {limit:.0f} s (policy inventory.staleAfterSeconds)")
+    return None
+
+
+def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
+    resource = job.req.resource or ""
+    units = view.units(resource)
+    if units:
+        return None
+    offered = sorted(view.units_by_resource)
+    if resource == NVIDIA_GPU and offered == [AMD_GPU]:
+        why = f"only AMD GPUs here ({view.description}); a CUDA job needs NVIDIA GPUs"
+    elif resource == AMD_GPU and AMD_GPU not in offered:
+        why = f"no AMD GPUs here ({view.description})"
+    elif offered:
+        why = f"offers {', '.join(offered)} ({view.description})"
+    else:
+        why = f"no schedulable GPUs ({view.description})"
+    return Rejection(C_RESOURCE, f"no {resource} on this node: {why}")
+
+
+# ---- composition ------------------------------------------------------------------------------
+
+def filter_node(job: Job, state: NodeState, policy: Policy, catalog_tokens: Callable[[str], frozenset[str]],
+                now: dt.datetime | None = None) -> NodeResult:
+    """Decide whether ``job`` can run on the node now, and on which units.
+
+    Args:
+        job: the resolved pod.
+        state: the node's inventory view and allocations.
+        policy: the running policy.
+        catalog_tokens: resolves policy model tokens to catalog ids (``Catalog.resolve_token``).
+        now: current time for the staleness check; None skips it.
+
+    Returns:
+        ``NodeResult`` with every failing reason, or the chosen units when the node passes.
+    """
+    req = job.req
+    if not req.wants_gpu and not req.has_annotations:
+        return NodeResult(state.name, True, untouched=True)
+    if req.errors:
+        return NodeResult(state.name, False, tuple(Rejection(C_ANNOTATION, str(e)) for e in req.errors))
+    if not req.wants_gpu:
+        # Annotated but asks for no GPU: nothing to place; the device plugin would give it none.
+        return NodeResult(state.name, True, untouched=True)
+
+    inv = inventory_rejection(state, policy, now)
+    if inv is not None:
+        return NodeResult(state.name, False, (inv,))
+    view = state.view
+    assert view is not None
+    res = _resource_rejection(view, job)
+    if res is not None:
+        return NodeResult(state.name, False, (res,))
+
+    resource = req.resource or ""
+    n = req.gpu_count
+    units = view.units(resource)
+    word = _device_word(resource)
+    rejections: list[Rejection] = []
+
+    checks: list[tuple[str, UnitCheck]] = [
+        (C_HEALTHY, check_healthy),
+        (C_RUNTIME, check_runtime),
+        (C_MODEL, check_model_allowed),
+        (C_CLASS, lambda u, j: check_class_allowed(u, j, catalog_tokens)),
+        (C_CC, check_compute_capability),
+        (C_VRAM, check_vram),
+        (C_ECC, check_ecc),
+        (C_DEVICE_KIND, check_device_kind),
+    ]
+    failed_by: dict[tuple[str, str], list[Unit]] = {}
+    eligible: list[Unit] = []
+    for u in units:
+        ok = True
+        for criterion, check in checks:
+            msg = check(u, job)
+            if msg is not None:
+                failed_by.setdefault((criterion, msg), []).append(u)
+                ok = False
+        if ok:
+            eligible.append(u)
+    for (criterion, msg), us in failed_by.items():
+        rejections.append(Rejection(criterion, f"{label_units(us)}: {msg}"))
+
+    if len(units) < n:
+        rejections.append(Rejection(C_COUNT, f"has {len(units)} {resource}, {n} requested"))
+    elif 0 < len(eligible) < n:
+        rejections.append(Rejection(C_COUNT, f"{len(eligible)} of {len(units)} {word} can run this pod, {n} requested"))
+
+    wants_nvlink = "nvlink" in req.require and n > 1
+    if wants_nvlink and len(units) >= n and find_nvlink_group(units, n) is None:
+        linked = [u for u in units if u.nvlink_peers]
+        detail = f"{label_units(units)} have no NVLink" if not linked else f"no {n} {word} all joined by NVLink"
+        rejections.append(Rejection(C_NVLINK, f"{detail}; {n} GPUs joined by NVLink needed ({A_REQUIRE}: nvlink)"))
+    elif wants_nvlink and len(eligible) >= n and find_nvlink_group(eligible, n) is None:
+        rejections.append(Rejection(C_NVLINK, f"no {n} eligible {word} all joined by NVLink ({A_REQUIRE}: nvlink)"))
+
+    if rejections:
+        return NodeResult(state.name, False, tuple(rejections))
+
+    # Everything left can only be fixed by GPUs becoming free: resolvable.
+    alloc = state.allocation
+    free = [u for u in eligible if u.uuid not in alloc.held]
+    anonymous = alloc.anonymous.get(resource, 0)
+    free_count = len(free) - anonymous
+    if free_count < n:
+        in_use = len(eligible) - max(free_count, 0)
+        return NodeResult(state.name, False, (Rejection(
+            C_FREE, f"{max(free_count, 0)} of {len(eligible)} eligible {word} free ({in_use} in use), {n} requested",
+            resolvable=True),))
+    chosen = choose_units(free, n, nvlink_required=wants_nvlink, nvlink_preferred="nvlink" in req.prefer and n > 1)
+    if chosen is None:  # only when NVLink is required: a linked group exists, but not among free units
+        return NodeResult(state.name, False, (Rejection(
+            C_NVLINK, f"no {n} free {word} all joined by NVLink ({A_REQUIRE}: nvlink)", resolvable=True),))
+    return NodeResult(state.name, True, chosen=chosen)
+
+
+def choose_units(free: Sequence[Unit], n: int, *, nvlink_required: bool = False,
+                 nvlink_preferred: bool = False) -> tuple[Unit, ...] | None:
+    """Which free units the pod would most sensibly get: best fit (least VRAM, cheapest first).
+
+    With NVLink required or preferred an NVLink-joined group is taken when one exists. Returns
+    None when there are fewer than ``n`` units, or NVLink is required and no group exists.
+    """
+    if nvlink_required or nvlink_preferred:
+        group = find_nvlink_group(free, n)
+        if group is not None:
+            return group
+        if nvlink_required:
+            return None
+    ordered = sorted(free, key=lambda u: (u.memory_bytes, u.cost_fraction, u.gpu_index, u.uuid))
+    if len(ordered) < n:
+        return None
+    return tuple(ordered[:n])
+
+
+def filter_nodes(job: Job, states: Iterable[NodeState], policy: Policy,
+                 catalog_tokens: Callable[[str], frozenset[str]], now: dt.datetime | None = None) -> list[NodeResult]:
+    return [filter_node(job, s, policy, catalog_tokens, now) for s in states]

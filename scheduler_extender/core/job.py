@@ -1,0 +1,76 @@
+"""A pod resolved against the policy: its requirements, VRAM estimate and size class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from scheduler_extender.core.catalog import Catalog
+from scheduler_extender.core.estimate import VramEstimate, estimate_vram
+from scheduler_extender.core.policy import Policy, SizeClass
+from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.requirements import JobRequirements, parse_pod
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything the filter and the score need to know about one pod.
+
+    ``vram`` is None when the pod gives neither ``gpuplace.io/vram`` nor
+    ``gpuplace.io/model-params``: the need is unknown and no VRAM check applies.
+    """
+
+    req: JobRequirements
+    workload: str | None
+    vram: VramEstimate | None
+    size_class: SizeClass
+    class_reason: str
+
+    @property
+    def errors(self):  # noqa: ANN201 - tuple of AnnotationError
+        return self.req.errors
+
+    def describe(self) -> str:
+        """One line for tables and logs: what the pod asked."""
+        r = self.req
+        parts = [f"{r.gpu_count}x {r.resource}" if r.resource else "no GPU"]
+        if self.vram:
+            parts.append(self.vram.summary if self.vram.source == "estimate" else f"vram {fmt_gib(self.vram.bytes_per_gpu)}")
+        if r.require:
+            parts.append("require " + ",".join(sorted(r.require)))
+        if r.runtime_explicit:
+            parts.append(f"runtime {r.runtime}")
+        return "; ".join(parts)
+
+
+def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog) -> Job:
+    """Parse a pod and resolve it against the policy. Never raises for bad pod content."""
+    class_names = tuple(c.name for c in policy.classes)
+    req = parse_pod(pod, catalog, class_names)
+    workload = req.workload or (policy.defaults.workload if req.params is not None else None)
+    vram: VramEstimate | None = None
+    if req.vram_bytes is not None:
+        vram = VramEstimate(bytes_per_gpu=req.vram_bytes, summary="gpuplace.io/vram", source="annotation",
+                            terms=(("gpuplace.io/vram", req.vram_bytes),))
+    elif req.params is not None and workload is not None and not req.errors:
+        vram = estimate_vram(
+            params=req.params,
+            workload=workload,
+            precision=req.precision or policy.defaults.precision,
+            gpu_count=max(1, req.gpu_count),
+            sharding=req.sharding,
+            settings=policy.estimator_settings,
+        )
+    if req.class_name is not None:
+        size_class, why = policy.class_named(req.class_name), "gpuplace.io/class"
+    else:
+        size_class, why = policy.assign_class(
+            vram_bytes=vram.bytes_per_gpu if vram else None,
+            params=req.params,
+            gpu_count=req.gpu_count,
+            workload=workload,
+            namespace=req.namespace,
+            requires=req.require,
+        )
+    assert size_class is not None  # validated: every class reference exists
+    return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why)

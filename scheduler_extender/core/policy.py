@@ -1,0 +1,295 @@
+"""The platform team's placement policy (contract 4 of DESIGN.md).
+
+One YAML document, validated by pydantic; ``gpuplace policy schema`` prints its JSON Schema.
+It names catalog overrides (cost, tier), size classes with the models and MIG profiles each may
+use, the ordered rules that assign a job to a class, the estimator's tunables, scoring weights,
+and what to do with missing or stale inventory. Model tokens are resolved against the catalog
+when the policy is loaded, so a typo is an error with its field path, not a silent no-match.
+
+Loading never half-applies: ``load_policy`` returns a new ``Policy`` or raises ``PolicyError``;
+callers keep the running policy on error.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property, lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from scheduler_extender.core.catalog import Catalog, CatalogEntry, Tier, UnknownModelError, default_catalog
+from scheduler_extender.core.estimate import EstimatorSettings
+from scheduler_extender.core.quantity import GIB, GB
+
+WORKLOADS = ("training", "finetune-lora", "inference")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+class CatalogOverride(_Strict):
+    """Change a catalog row's price or tier for this cluster."""
+
+    cost_per_gpu_hour: float | None = Field(default=None, alias="costPerGpuHour", gt=0)
+    tier: Tier | None = None
+
+
+class UnknownModelSettings(_Strict):
+    """How GPUs whose driver name is not in the catalog are treated."""
+
+    cost_per_gpu_hour: float = Field(default=3.0, alias="costPerGpuHour", gt=0,
+                                     description="Assumed price, USD per GPU-hour (high: unknown is not cheap).")
+    tier: Tier = "datacenter"
+
+
+class SizeClass(_Strict):
+    """A size class: which GPUs its jobs may use, and what they prefer."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    description: str = ""
+    allowed_models: list[str] = Field(default_factory=list, alias="allowedModels",
+                                      description="Model tokens for full GPUs; empty: any model.")
+    denied_models: list[str] = Field(default_factory=list, alias="deniedModels",
+                                     description="Model tokens whose full GPUs this class may not use.")
+    mig_allowed: bool = Field(default=True, alias="migAllowed")
+    allowed_mig_profiles: list[str] = Field(default_factory=list, alias="allowedMigProfiles",
+                                            description="MIG profiles allowed; empty: any.")
+    prefer_mig: bool = Field(default=False, alias="preferMig",
+                             description="Score MIG devices higher for jobs that fit one.")
+
+    @field_validator("allowed_mig_profiles")
+    @classmethod
+    def _profile_form(cls, profiles: list[str]) -> list[str]:
+        import re
+        for p in profiles:
+            if not re.fullmatch(r"\d+g\.\d+gb", p):
+                raise ValueError(f"{p!r} is not a MIG profile like '3g.40gb'")
+        return profiles
+
+
+class ClassRule(_Strict):
+    """Assigns a job to ``class`` when every condition given holds (unset: not checked).
+
+    A condition on VRAM or parameters never holds when the job's value is unknown.
+    """
+
+    class_name: str = Field(alias="class")
+    min_vram_per_gpu_gib: float | None = Field(default=None, alias="minVramPerGpuGiB", ge=0)
+    max_vram_per_gpu_gib: float | None = Field(default=None, alias="maxVramPerGpuGiB", ge=0)
+    min_params_billions: float | None = Field(default=None, alias="minParamsBillions", ge=0)
+    max_params_billions: float | None = Field(default=None, alias="maxParamsBillions", ge=0)
+    min_gpus: int | None = Field(default=None, alias="minGpus", ge=1)
+    max_gpus: int | None = Field(default=None, alias="maxGpus", ge=1)
+    workloads: list[Literal["training", "finetune-lora", "inference"]] = Field(default_factory=list)
+    namespaces: list[str] = Field(default_factory=list)
+    requires: list[Literal["nvlink", "ecc", "full-gpu", "mig"]] = Field(default_factory=list)
+
+
+class InventorySettings(_Strict):
+    stale_after_seconds: float = Field(default=300, alias="staleAfterSeconds", gt=0,
+                                       description="An inventory older than this is stale (agent heartbeat is 60 s).")
+    on_missing: Literal["reject"] = Field(default="reject", alias="onMissing",
+                                          description="GPU pods fail on nodes without an inventory.")
+    on_stale: Literal["reject", "trust"] = Field(default="reject", alias="onStale")
+
+
+class EstimatorSection(_Strict):
+    inference_overhead_ratio: float = Field(default=1.2, alias="inferenceOverheadRatio", ge=1)
+    activation_reserve_ratio: float = Field(default=0.2, alias="activationReserveRatio", ge=0)
+    lora_trainable_ratio: float = Field(default=0.01, alias="loraTrainableRatio", gt=0, le=1)
+    cuda_context_gb: float = Field(default=1.3, alias="cudaContextGB", ge=0, description="Decimal GB per GPU.")
+
+
+class Defaults(_Strict):
+    workload: Literal["training", "finetune-lora", "inference"] = "inference"
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+
+
+class ScoringWeights(_Strict):
+    """Relative weight of each score component; the score is their weighted mean, x10."""
+
+    cost: float = Field(default=5, ge=0)
+    vram_fit: float = Field(default=2, alias="vramFit", ge=0)
+    mig: float = Field(default=1.5, ge=0)
+    throughput: float = Field(default=1, ge=0)
+    nvlink: float = Field(default=1, ge=0)
+    ecc: float = Field(default=1, ge=0)
+    packing: float = Field(default=2, ge=0)
+
+
+class Policy(_Strict):
+    """The whole policy document."""
+
+    api_version: Literal["gpuplace.io/v1alpha1"] = Field(default="gpuplace.io/v1alpha1", alias="apiVersion")
+    kind: Literal["PlacementPolicy"] = "PlacementPolicy"
+    defaults: Defaults = Defaults()
+    estimator: EstimatorSection = EstimatorSection()
+    inventory: InventorySettings = InventorySettings()
+    catalog: dict[str, CatalogOverride] = Field(default_factory=dict,
+                                                description="Overrides keyed by catalog id.")
+    unknown_model: UnknownModelSettings = Field(default=UnknownModelSettings(), alias="unknownModel")
+    classes: list[SizeClass] = Field(min_length=1)
+    rules: list[ClassRule] = Field(min_length=1, description="First rule that matches wins.")
+    default_class: str = Field(alias="defaultClass", description="Class of a job no rule matches.")
+    scoring: ScoringWeights = ScoringWeights()
+
+    @model_validator(mode="after")
+    def _references(self, info: ValidationInfo) -> "Policy":
+        catalog: Catalog = (info.context or {}).get("catalog") or default_catalog()
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: duplicate class name in {names}")
+        for i, rule in enumerate(self.rules):
+            if rule.class_name not in names:
+                raise ValueError(f"rules.{i}.class: {rule.class_name!r} is not one of the classes {names}")
+        if self.default_class not in names:
+            raise ValueError(f"defaultClass: {self.default_class!r} is not one of the classes {names}")
+        for model_id in self.catalog:
+            if model_id not in catalog.entries:
+                raise ValueError(f"catalog.{model_id}: not a catalog id (see `gpuplace catalog`)")
+        for ci, cls in enumerate(self.classes):
+            for field_name, alias in (("allowed_models", "allowedModels"), ("denied_models", "deniedModels")):
+                for ti, token in enumerate(getattr(cls, field_name)):
+                    try:
+                        catalog.resolve_token(token)
+                    except UnknownModelError:
+                        raise ValueError(f"classes.{ci}.{alias}.{ti}: {token!r} is no catalog id or alias") from None
+        return self
+
+    # ---- derived views, computed once per policy object -------------------------------------
+
+    @cached_property
+    def estimator_settings(self) -> EstimatorSettings:
+        e = self.estimator
+        return EstimatorSettings(
+            inference_overhead_ratio=e.inference_overhead_ratio,
+            activation_reserve_ratio=e.activation_reserve_ratio,
+            lora_trainable_ratio=e.lora_trainable_ratio,
+            cuda_context_bytes=int(e.cuda_context_gb * GB),
+        )
+
+    def class_named(self, name: str) -> SizeClass | None:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        return None
+
+    def cost_per_gpu_hour(self, entry: CatalogEntry | None) -> float:
+        if entry is None:
+            return self.unknown_model.cost_per_gpu_hour
+        override = self.catalog.get(entry.id)
+        if override and override.cost_per_gpu_hour is not None:
+            return override.cost_per_gpu_hour
+        return entry.cost_per_gpu_hour
+
+    def tier(self, entry: CatalogEntry | None) -> str:
+        if entry is None:
+            return self.unknown_model.tier
+        override = self.catalog.get(entry.id)
+        if override and override.tier is not None:
+            return override.tier
+        return entry.tier
+
+    def assign_class(
+        self,
+        *,
+        vram_bytes: int | None,
+        params: float | None,
+        gpu_count: int,
+        workload: str | None,
+        namespace: str,
+        requires: frozenset[str],
+    ) -> tuple[SizeClass, str]:
+        """The job's class and why (``"rule 2"`` or ``"defaultClass"``)."""
+        for i, r in enumerate(self.rules):
+            if _rule_matches(r, vram_bytes, params, gpu_count, workload, namespace, requires):
+                return self.class_named(r.class_name), f"rule {i}"  # type: ignore[return-value]
+        return self.class_named(self.default_class), "defaultClass"  # type: ignore[return-value]
+
+
+def _rule_matches(r: ClassRule, vram_bytes: int | None, params: float | None, gpu_count: int,
+                  workload: str | None, namespace: str, requires: frozenset[str]) -> bool:
+    vram_gib = None if vram_bytes is None else vram_bytes / GIB
+    params_b = None if params is None else params / 1e9
+    checks = [
+        (r.min_vram_per_gpu_gib, lambda v: vram_gib is not None and vram_gib >= v),
+        (r.max_vram_per_gpu_gib, lambda v: vram_gib is not None and vram_gib <= v),
+        (r.min_params_billions, lambda v: params_b is not None and params_b >= v),
+        (r.max_params_billions, lambda v: params_b is not None and params_b <= v),
+        (r.min_gpus, lambda v: gpu_count >= v),
+        (r.max_gpus, lambda v: gpu_count <= v),
+    ]
+    for threshold, ok in checks:
+        if threshold is not None and not ok(threshold):
+            return False
+    if r.workloads and workload not in r.workloads:
+        return False
+    if r.namespaces and namespace not in r.namespaces:
+        return False
+    if r.requires and not set(r.requires) <= requires:
+        return False
+    return True
+
+
+class PolicyError(ValueError):
+    """A policy document that fails validation; the message names each field path."""
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(document)"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_policy(data: str | dict[str, Any], *, source: str = "policy", catalog: Catalog | None = None) -> Policy:
+    """Validate a policy from YAML text or a decoded mapping.
+
+    Raises:
+        PolicyError: YAML syntax, a wrong type or value, an unknown field, or a reference to a
+            class, model or catalog id that does not exist; the message starts with ``source``.
+    """
+    if isinstance(data, str):
+        try:
+            data = yaml.safe_load(data)
+        except yaml.YAMLError as e:
+            raise PolicyError(f"{source}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: expected a mapping with kind: PlacementPolicy")
+    try:
+        return Policy.model_validate(data, context={"catalog": catalog or default_catalog()})
+    except ValidationError as e:
+        raise PolicyError(f"{source}: {_format(e)}") from e
+
+
+def load_policy(path: str | None) -> Policy:
+    """The policy file at ``path``, or the shipped default policy when ``path`` is None.
+
+    Raises:
+        PolicyError: as ``parse_policy``; also when the file cannot be read.
+    """
+    if path is None:
+        return default_policy()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read: {e.strerror}") from e
+    return parse_policy(text, source=path)
+
+
+@lru_cache(maxsize=1)
+def default_policy() -> Policy:
+    """The policy shipped in the package (``data/default-policy.yaml``)."""
+    text = resources.files("scheduler_extender").joinpath("data/default-policy.yaml").read_text()
+    return parse_policy(text, source="default-policy.yaml")
+
+
+def policy_json_schema() -> dict[str, Any]:
+    return Policy.model_json_schema(by_alias=True)

@@ -1,0 +1,78 @@
+"""Kubernetes resource quantities and the byte units gpuplace uses.
+
+Binary and decimal units are kept apart on purpose: ``40Gi`` is 40 x 2**30 bytes, ``40G`` is
+40 x 10**9 bytes (Kubernetes ``resource.Quantity`` semantics). NVML and the inventory report VRAM
+in MiB (2**20 bytes); datasheets and the EleutherAI / Hugging Face memory formulas count decimal
+GB. Internally VRAM needs are bytes (int); messages print GiB.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+MIB = 2**20
+GIB = 2**30
+GB = 10**9
+
+_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+    "m": Decimal("0.001"),
+    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+    "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+
+
+class QuantityError(ValueError):
+    """Text that is not a Kubernetes quantity."""
+
+
+def parse_quantity(text: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity (``40Gi``, ``500M``, ``100m``, ``1.5e3``, ``8``) to a Decimal.
+
+    Raises:
+        QuantityError: not of the form <number><suffix>, suffix one of Ki Mi Gi Ti Pi Ei m k M G T P E.
+    """
+    if isinstance(text, bool):
+        raise QuantityError(f"{text!r} is not a quantity")
+    if isinstance(text, (int, float)):
+        return Decimal(str(text))
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        raise QuantityError(f"{text!r} is not a quantity")
+    number, suffix = m.group(1), m.group(2) or ""
+    try:
+        return Decimal(number) * _SUFFIXES[suffix]
+    except InvalidOperation as e:  # pragma: no cover - the regex admits only valid numbers
+        raise QuantityError(f"{text!r} is not a quantity") from e
+
+
+def parse_count(text: str | int | float) -> int:
+    """A whole, non-negative device count from a quantity (``"2"``, ``2``).
+
+    Raises:
+        QuantityError: not a quantity, negative, or fractional (devices are whole).
+    """
+    value = parse_quantity(text)
+    if value < 0 or value != value.to_integral_value():
+        raise QuantityError(f"{text!r} is not a whole number of devices")
+    return int(value)
+
+
+def gib(num_bytes: float) -> float:
+    return num_bytes / GIB
+
+
+def fmt_gib(num_bytes: float) -> str:
+    """``32.5e9`` -> ``'30.3 GiB'``; whole values print without decimals (``'24 GiB'``)."""
+    value = num_bytes / GIB
+    if abs(value - round(value)) < 0.05:
+        return f"{round(value)} GiB"
+    return f"{value:.1f} GiB"
+
+
+def mib_to_bytes(mib: int | float) -> int:
+    return int(mib * MIB)

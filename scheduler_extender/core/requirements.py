@@ -1,0 +1,329 @@
+"""What a pod asks for: its GPU request and its ``gpuplace.io/*`` annotations (DESIGN.md, contract 2).
+
+``parse_pod`` reads a pod (the JSON of a ``v1.Pod``, as kube-scheduler sends it) into
+``JobRequirements``. Nothing is guessed: an annotation that cannot be parsed becomes an
+``AnnotationError`` naming the annotation and the accepted form, and the filter fails every node
+with it, so ``kubectl describe pod`` tells the user what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from scheduler_extender.core.catalog import Catalog, UnknownModelError
+from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
+
+PREFIX = "gpuplace.io/"
+A_PARAMS = PREFIX + "model-params"
+A_WORKLOAD = PREFIX + "workload"
+A_PRECISION = PREFIX + "precision"
+A_SHARDING = PREFIX + "sharding"
+A_VRAM = PREFIX + "vram"
+A_MODELS = PREFIX + "gpu-models"
+A_EXCLUDE = PREFIX + "exclude-gpu-models"
+A_MIN_CC = PREFIX + "min-compute-capability"
+A_REQUIRE = PREFIX + "require"
+A_PREFER = PREFIX + "prefer"
+A_RUNTIME = PREFIX + "runtime"
+A_CLASS = PREFIX + "class"
+KNOWN_ANNOTATIONS = frozenset({
+    A_PARAMS, A_WORKLOAD, A_PRECISION, A_SHARDING, A_VRAM, A_MODELS, A_EXCLUDE,
+    A_MIN_CC, A_REQUIRE, A_PREFER, A_RUNTIME, A_CLASS,
+})
+
+NVIDIA_GPU = "nvidia.com/gpu"
+AMD_GPU = "amd.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
+
+WORKLOADS = ("training", "finetune-lora", "inference")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
+CONSTRAINTS = ("nvlink", "ecc", "full-gpu", "mig")
+RUNTIMES = ("cuda", "rocm", "any")
+
+PRECISION_MIN_CC: dict[str, tuple[int, int]] = {"bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9)}
+"""Compute capability an explicitly annotated precision needs on NVIDIA GPUs: BF16 and TF32
+tensor cores arrived with Ampere (8.0), FP8 with Ada/Hopper (8.9) (NVIDIA CUDA C++ Programming
+Guide, "Compute Capabilities"; Ampere and Ada architecture whitepapers)."""
+
+_PARAMS = re.compile(r"^(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([kKmMbBtT])?$")
+_PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+@dataclass(frozen=True)
+class AnnotationError:
+    """One unusable pod field: ``field`` is the annotation or resource, ``message`` the fix."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class JobRequirements:
+    """A pod's GPU needs, as parsed. ``None`` means the pod did not say."""
+
+    namespace: str
+    name: str
+    resource: str | None  # nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-<profile>; None: no GPU
+    gpu_count: int
+    mig_profile: str | None = None
+    params: float | None = None
+    workload: str | None = None
+    precision: str | None = None
+    sharding: str | None = None
+    vram_bytes: int | None = None
+    allowed_models: frozenset[str] | None = None  # catalog ids
+    allowed_models_text: str = ""
+    excluded_models: frozenset[str] = frozenset()
+    excluded_models_text: str = ""
+    min_compute_capability: tuple[int, int] | None = None
+    require: frozenset[str] = frozenset()
+    prefer: frozenset[str] = frozenset()
+    runtime: str = "cuda"
+    runtime_explicit: bool = False
+    class_name: str | None = None
+    has_annotations: bool = False
+    errors: tuple[AnnotationError, ...] = field(default=())
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.resource is not None and self.gpu_count > 0
+
+    def required_cc(self) -> tuple[tuple[int, int], str] | None:
+        """The highest compute capability this job needs and why, or None."""
+        needs: list[tuple[tuple[int, int], str]] = []
+        if self.min_compute_capability:
+            needs.append((self.min_compute_capability, A_MIN_CC))
+        if self.precision in PRECISION_MIN_CC:
+            needs.append((PRECISION_MIN_CC[self.precision], f"{self.precision}"))
+        return max(needs) if needs else None
+
+
+def _container_requests(containers: Any) -> list[dict[str, Any]]:
+    out = []
+    for c in containers or []:
+        if not isinstance(c, Mapping):
+            continue
+        res = c.get("resources") or {}
+        req = dict(res.get("limits") or {})
+        req.update(res.get("requests") or {})  # requests win where both are set; equal for extended resources
+        out.append(req)
+    return out
+
+
+def _is_gpu_resource(name: str) -> bool:
+    return name in (NVIDIA_GPU, AMD_GPU) or name.startswith(MIG_PREFIX)
+
+
+def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[AnnotationError]]:
+    """GPU resources a pod requests: ``{resource: count}``, as kube-scheduler computes it.
+
+    Effective request = max(sum over containers, max over init containers) (Kubernetes
+    "Resource sharing within containers"); extended resources come from requests, else limits.
+    """
+    spec = pod.get("spec") or {}
+    errors: list[AnnotationError] = []
+    totals: dict[str, int] = {}
+    init_max: dict[str, int] = {}
+    for group, combine in ((spec.get("containers"), "sum"), (spec.get("initContainers"), "max")):
+        for req in _container_requests(group):
+            for name, value in req.items():
+                if not _is_gpu_resource(name):
+                    continue
+                try:
+                    n = parse_count(value)
+                except QuantityError:
+                    errors.append(AnnotationError(f"resources {name}", f"{value!r} is not a whole number of devices"))
+                    continue
+                if combine == "sum":
+                    totals[name] = totals.get(name, 0) + n
+                else:
+                    init_max[name] = max(init_max.get(name, 0), n)
+    for name, n in init_max.items():
+        totals[name] = max(totals.get(name, 0), n)
+    return {k: v for k, v in totals.items() if v > 0}, errors
+
+
+def parse_params(text: str) -> float:
+    """'7B' -> 7e9, '350M' -> 3.5e8, '1.3e9' -> 1.3e9. Raises ValueError."""
+    m = _PARAMS.match(text.strip())
+    if not m:
+        raise ValueError(text)
+    value = float(m.group(1)) * _PARAM_SUFFIX.get((m.group(2) or "").lower(), 1.0)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _split_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], errors: list[AnnotationError]) -> str | None:
+    if key not in annotations:
+        return None
+    value = str(annotations[key]).strip().lower()
+    if value not in allowed:
+        errors.append(AnnotationError(key, f"{annotations[key]!r} is not one of {', '.join(allowed)}"))
+        return None
+    return value
+
+
+def _models(annotations: Mapping[str, str], key: str, catalog: Catalog, errors: list[AnnotationError]) -> frozenset[str] | None:
+    if key not in annotations:
+        return None
+    tokens = _split_list(str(annotations[key]))
+    if not tokens:
+        errors.append(AnnotationError(key, "empty; give a comma list of catalog ids or families, e.g. A100-80GB,H100"))
+        return None
+    ids: set[str] = set()
+    unknown = []
+    for t in tokens:
+        try:
+            ids |= catalog.resolve_token(t)
+        except UnknownModelError:
+            unknown.append(t)
+    if unknown:
+        errors.append(AnnotationError(
+            key, f"unknown GPU model {', '.join(repr(u) for u in unknown)}; use catalog ids or families "
+                 f"(exact, case-insensitive), e.g. A100, A100-80GB, H100, H200, L40S, RTX-4090, A6000 "
+                 f"(`gpuplace catalog` lists all)"))
+        return None
+    return frozenset(ids)
+
+
+def _constraints(annotations: Mapping[str, str], key: str, errors: list[AnnotationError]) -> frozenset[str]:
+    if key not in annotations:
+        return frozenset()
+    tokens = [t.lower() for t in _split_list(str(annotations[key]))]
+    bad = [t for t in tokens if t not in CONSTRAINTS]
+    if bad or not tokens:
+        errors.append(AnnotationError(
+            key, f"{annotations[key]!r} is not a comma list of {', '.join(CONSTRAINTS)}"))
+        return frozenset()
+    return frozenset(tokens)
+
+
+def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, ...] = ()) -> JobRequirements:
+    """Read a pod's GPU request and annotations.
+
+    Args:
+        pod: a ``v1.Pod`` as decoded JSON (metadata, spec).
+        catalog: resolves ``gpu-models`` tokens to catalog ids.
+        class_names: the policy's class names, for ``gpuplace.io/class``.
+
+    Returns:
+        The requirements; ``errors`` lists every unusable field (never raises for bad input).
+    """
+    meta = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        annotations = {}
+    ours = {k: v for k, v in annotations.items() if k.startswith(PREFIX)}
+    errors: list[AnnotationError] = []
+
+    requests, res_errors = pod_gpu_requests(pod)
+    errors.extend(res_errors)
+    resource: str | None = None
+    count = 0
+    mig_profile = None
+    if len(requests) > 1:
+        errors.append(AnnotationError(
+            "resources", f"requests several GPU kinds ({', '.join(sorted(requests))}); request one of "
+                         f"{NVIDIA_GPU}, {AMD_GPU} or {MIG_PREFIX}<profile>"))
+    elif requests:
+        resource, count = next(iter(requests.items()))
+        m = _MIG_RESOURCE.match(resource)
+        if m:
+            mig_profile = m.group(1)
+        elif resource.startswith(MIG_PREFIX):
+            errors.append(AnnotationError(f"resources {resource}", f"not a MIG resource of the form {MIG_PREFIX}<profile>, e.g. nvidia.com/mig-3g.40gb"))
+
+    params = None
+    if A_PARAMS in ours:
+        try:
+            params = parse_params(str(ours[A_PARAMS]))
+        except ValueError:
+            errors.append(AnnotationError(A_PARAMS, f"{ours[A_PARAMS]!r} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9"))
+
+    workload = _choice(ours, A_WORKLOAD, WORKLOADS, errors)
+    precision = _choice(ours, A_PRECISION, PRECISIONS, errors)
+    sharding = _choice(ours, A_SHARDING, SHARDINGS, errors)
+
+    vram = None
+    if A_VRAM in ours:
+        try:
+            q = parse_quantity(str(ours[A_VRAM]))
+            if q <= 0:
+                raise QuantityError("not positive")
+            vram = int(q)
+        except QuantityError:
+            errors.append(AnnotationError(A_VRAM, f"{ours[A_VRAM]!r} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
+
+    allowed = _models(ours, A_MODELS, catalog, errors)
+    excluded = _models(ours, A_EXCLUDE, catalog, errors) or frozenset()
+
+    min_cc = None
+    if A_MIN_CC in ours:
+        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", str(ours[A_MIN_CC]))
+        if m:
+            min_cc = (int(m.group(1)), int(m.group(2)))
+        else:
+            errors.append(AnnotationError(A_MIN_CC, f"{ours[A_MIN_CC]!r} is not a compute capability like 8.0 or 8.9"))
+
+    require = _constraints(ours, A_REQUIRE, errors)
+    prefer = _constraints(ours, A_PREFER, errors)
+    if {"full-gpu", "mig"} <= require:
+        errors.append(AnnotationError(A_REQUIRE, "full-gpu and mig exclude each other; require one"))
+
+    runtime = _choice(ours, A_RUNTIME, RUNTIMES, errors)
+    runtime_explicit = runtime is not None
+    if runtime is None:
+        runtime = "rocm" if resource == AMD_GPU else "cuda"
+    if resource == AMD_GPU and runtime == "cuda":
+        errors.append(AnnotationError(A_RUNTIME, f"cuda cannot run on {AMD_GPU}; use rocm or any, or request {NVIDIA_GPU}"))
+    if resource and resource != AMD_GPU and runtime == "rocm":
+        errors.append(AnnotationError(A_RUNTIME, f"rocm cannot run on {resource}; request {AMD_GPU} or use cuda"))
+
+    class_name = None
+    if A_CLASS in ours:
+        value = str(ours[A_CLASS]).strip()
+        if value in class_names:
+            class_name = value
+        else:
+            errors.append(AnnotationError(A_CLASS, f"{value!r} is not a class of the policy; use one of {', '.join(class_names)}"))
+
+    return JobRequirements(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        resource=resource,
+        gpu_count=count,
+        mig_profile=mig_profile,
+        params=params,
+        workload=workload,
+        precision=precision,
+        sharding=sharding,
+        vram_bytes=vram,
+        allowed_models=allowed,
+        allowed_models_text=str(ours.get(A_MODELS, "")),
+        excluded_models=excluded,
+        excluded_models_text=str(ours.get(A_EXCLUDE, "")),
+        min_compute_capability=min_cc,
+        require=require,
+        prefer=prefer,
+        runtime=runtime,
+        runtime_explicit=runtime_explicit,
+        class_name=class_name,
+        has_annotations=bool(ours),
+        errors=tuple(errors),
+    )

@@ -1,0 +1,117 @@
+"""Score: among the nodes that pass the filter, which suits the pod best (0-10, kube-scheduler's
+extender range, ``MaxExtenderPriority``).
+
+Each component is a pure function returning a value in [0, 1] or ``None`` when it does not apply
+to this pod; the score is the weighted mean of the components that apply (weights from the
+policy), x10, rounded. Components, in order of default weight:
+
+- ``cost``: cheapest GPUs that fit first: cheapest placement's price / this placement's price
+  (policy ``catalog`` overrides the catalog's indicative price; a MIG device costs its share of
+  compute slices).
+- ``vramFit``: least VRAM left unused: need / unit VRAM (only when the need is known).
+- ``mig``: MIG devices for classes with ``preferMig`` or ``prefer: mig``; full GPUs for
+  ``prefer: full-gpu``.
+- ``throughput``: training and fine-tuning only: memory bandwidth and dense BF16 TFLOPS relative
+  to the best candidate (unknown earns no credit).
+- ``nvlink`` / ``ecc``: ``gpuplace.io/prefer`` — the chosen GPUs are NVLink-joined / have ECC on.
+- ``packing``: fill nodes that are already partly used (kube-scheduler's MostAllocated), and
+  keep a wholly free node of 8+ GPUs for a job that needs all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from scheduler_extender.core.devices import NodeState, Unit
+from scheduler_extender.core.filter import NodeResult, find_nvlink_group
+from scheduler_extender.core.job import Job
+from scheduler_extender.core.policy import Policy
+
+MAX_SCORE = 10
+WHOLE_NODE_GPUS = 8
+
+
+@dataclass(frozen=True)
+class NodeScore:
+    node: str
+    score: int
+    components: Mapping[str, float]  # component -> value in [0, 1], only those that apply
+    cost_per_hour: float
+
+
+def placement_cost(units: Sequence[Unit], policy: Policy) -> float:
+    """USD per hour of the units a pod would get (policy prices, MIG devices pro rata)."""
+    return sum(policy.cost_per_gpu_hour(u.entry) * u.cost_fraction for u in units)
+
+
+def _throughput(u: Unit, best_bw: float, best_tflops: float) -> float:
+    bw = (u.memory_bandwidth_gbps or 0) / best_bw if best_bw else 0.0
+    tf = (u.bf16_tflops or 0) / best_tflops if best_tflops else 0.0
+    return 0.5 * bw + 0.5 * tf
+
+
+def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
+    view = state.view
+    if view is None:
+        return 0.0
+    total = len(view.units(job.req.resource or ""))
+    if total == 0:
+        return 0.0
+    used_before = state.allocation.held_count()
+    n = len(result.chosen)
+    if used_before == 0 and total >= WHOLE_NODE_GPUS and n < total:
+        return 0.0  # breaking a whole 8-GPU node: keep it for a job that needs all of it
+    return min(1.0, (used_before + n) / total)
+
+
+def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy) -> list[NodeScore]:
+    """Score every node that passed the filter; pods the filter left untouched score 0.
+
+    Args:
+        job: the resolved pod.
+        passed: (node state, filter result) for nodes whose result passed, with ``chosen`` set.
+        policy: weights and prices.
+
+    Returns:
+        One ``NodeScore`` per input, in input order.
+    """
+    w = policy.scoring
+    gpu_pods = [(s, r) for s, r in passed if r.chosen]
+    costs = {r.node: placement_cost(r.chosen, policy) for _, r in gpu_pods}
+    min_cost = min(costs.values(), default=0.0)
+    all_units = [u for _, r in gpu_pods for u in r.chosen]
+    best_bw = max((u.memory_bandwidth_gbps or 0 for u in all_units), default=0.0)
+    best_tflops = max((u.bf16_tflops or 0 for u in all_units), default=0.0)
+    req = job.req
+    n = req.gpu_count
+    wants_mig = job.size_class.prefer_mig or "mig" in req.prefer
+    training = job.workload in ("training", "finetune-lora")
+
+    out: list[NodeScore] = []
+    for state, result in passed:
+        if not result.chosen:
+            out.append(NodeScore(result.node, 0, {}, 0.0))
+            continue
+        units = result.chosen
+        comps: dict[str, float] = {}
+        cost = costs[result.node]
+        comps["cost"] = min_cost / cost if cost > 0 else 1.0
+        if job.vram is not None:
+            comps["vramFit"] = sum(min(1.0, job.vram.bytes_per_gpu / u.memory_bytes) for u in units) / len(units)
+        if "full-gpu" in req.prefer:
+            comps["mig"] = sum(u.kind == "gpu" for u in units) / len(units)
+        elif wants_mig:
+            comps["mig"] = sum(u.kind == "mig" for u in units) / len(units)
+        if training:
+            comps["throughput"] = sum(_throughput(u, best_bw, best_tflops) for u in units) / len(units)
+        if "nvlink" in req.prefer and n > 1:
+            comps["nvlink"] = 1.0 if find_nvlink_group(units, n) is not None else 0.0
+        if "ecc" in req.prefer:
+            comps["ecc"] = sum(u.ecc_enabled is True for u in units) / len(units)
+        comps["packing"] = _packing(state, result, job)
+        weights = {k: getattr(w, {"vramFit": "vram_fit"}.get(k, k)) for k in comps}
+        total_w = sum(weights.values())
+        value = sum(weights[k] * comps[k] for k in comps) / total_w if total_w else 0.0
+        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost))
+    return out

@@ -1,0 +1,136 @@
+"""``gpuplace``: the operator's command line (explain a placement, check a policy, list the catalog)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Decision, Engine
+from scheduler_extender.core.policy import PolicyError, load_policy, policy_json_schema
+from scheduler_extender.core.quantity import fmt_gib
+
+
+def _load_pod(path: str) -> dict[str, Any]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    pods = [d for d in docs if isinstance(d, dict) and d.get("kind", "Pod") == "Pod"]
+    if not pods:
+        raise ValueError(f"{path}: no Pod manifest found")
+    return pods[0]
+
+
+def render_decision(decision: Decision) -> str:
+    """Every node with pass/fail, its reasons or score components, and the VRAM estimate's terms."""
+    job = decision.job
+    lines = [f"pod {job.req.key}: {job.describe()}"]
+    lines.append(f"size class: {job.size_class.name} ({job.class_reason})")
+    if job.vram is not None:
+        lines.append(f"VRAM per GPU: {fmt_gib(job.vram.bytes_per_gpu)} ({job.vram.source})")
+        for name, value in job.vram.terms:
+            lines.append(f"  + {fmt_gib(value):>10}  {name}")
+    elif job.req.wants_gpu:
+        lines.append("VRAM per GPU: unknown (no gpuplace.io/model-params or gpuplace.io/vram): not checked")
+    for e in job.errors:
+        lines.append(f"annotation error: {e}")
+    lines.append("")
+    ranked = sorted(decision.results, key=lambda r: (not r.passed, -(decision.scores[r.node].score if r.node in decision.scores else 0), r.node))
+    width = max((len(r.node) for r in ranked), default=4)
+    for r in ranked:
+        if r.passed:
+            s = decision.scores.get(r.node)
+            comps = " ".join(f"{k}={v:.2f}" for k, v in (s.components.items() if s else []))
+            units = ", ".join(f"{u.model}{' ' + u.mig_profile if u.mig_profile else ''} #{u.gpu_index}" for u in r.chosen)
+            lines.append(f"PASS {r.node:<{width}}  score {s.score if s else 0:>2}  ${s.cost_per_hour if s else 0:.2f}/h  [{units}]  {comps}")
+        else:
+            kind = "FAIL" if r.unresolvable else "BUSY"
+            lines.append(f"{kind} {r.node:<{width}}  {r.reason}")
+    best = decision.best()
+    lines.append("")
+    lines.append(f"best node: {best.node} (score {best.score})" if best else "best node: none: the pod stays Pending")
+    return "\n".join(lines)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from scheduler_extender.sources import StaticSource
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as e:
+        print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+        return 2
+    engine = Engine(policy)
+    source = StaticSource(args.inventory_dir, engine.catalog)
+    try:
+        pod = _load_pod(args.pod)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        print(f"gpuplace: {e}", file=sys.stderr)
+        return 2
+    names = source.node_names()
+    decision = engine.decide(pod, source.states(names, None), source.now())
+    print(render_decision(decision))
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        load_policy(args.file)
+    except PolicyError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid")
+    return 0
+
+
+def cmd_policy_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(policy_json_schema(), indent=2))
+    return 0
+
+
+def cmd_inventory_schema(args: argparse.Namespace) -> int:
+    from node_agent.inventory import json_schema
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    cat = default_catalog()
+    print(f"{'id':<18} {'vendor':<6} {'cc':<4} {'VRAM':>8} {'GB/s':>6} {'tier':<11} {'$/h':>5}  aliases")
+    for e in cat.entries.values():
+        print(f"{e.id:<18} {e.vendor:<6} {e.compute_capability or '-':<4} {fmt_gib(e.memory_mib * 2**20):>8} "
+              f"{e.memory_bandwidth_gbps:>6.0f} {e.tier:<11} {e.cost_per_gpu_hour:>5.2f}  {', '.join(e.aliases)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuplace", description="gpuplace operator tools: explain placements, check policies.")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("explain", help="why a pod goes where it goes: every node, reasons, score components, VRAM estimate")
+    e.add_argument("pod", help="pod manifest (YAML/JSON), '-' for stdin")
+    e.add_argument("--inventory-dir", required=True, metavar="DIR", help="one NodeGPUInventory file per node")
+    e.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
+    e.set_defaults(fn=cmd_explain)
+    pol = sub.add_parser("policy", help="validate a policy file or print its JSON Schema")
+    psub = pol.add_subparsers(dest="policy_command", required=True)
+    c = psub.add_parser("check", help="validate FILE; errors name the field path")
+    c.add_argument("file")
+    c.set_defaults(fn=cmd_policy_check)
+    psub.add_parser("schema", help="print the policy's JSON Schema").set_defaults(fn=cmd_policy_schema)
+    inv = sub.add_parser("inventory", help="NodeGPUInventory tools")
+    isub = inv.add_subparsers(dest="inventory_command", required=True)
+    isub.add_parser("schema", help="print the NodeGPUInventory JSON Schema").set_defaults(fn=cmd_inventory_schema)
+    sub.add_parser("catalog", help="list the GPU catalog: ids, aliases, VRAM, price").set_defaults(fn=cmd_catalog)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

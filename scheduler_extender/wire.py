@@ -1,0 +1,94 @@
+"""kube-scheduler's extender wire format (``k8s.io/kube-scheduler/extender/v1``), as pydantic models.
+
+The Go types carry no JSON tags, so keys are the Go field names in PascalCase (``Pod``, ``Nodes``,
+``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``Error``, ``Host``, ``Score``).
+Go's ``encoding/json`` matches keys case-insensitively when decoding; ``parse_extender_args``
+does the same so that hand-written requests with ``pod`` or ``nodenames`` work too.
+
+With ``nodeCacheCapable: true`` the scheduler sends ``NodeNames`` and expects ``NodeNames`` back;
+with ``false`` it sends full ``Nodes`` (a ``v1.NodeList``) and expects the passing ``Nodes`` back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class NodeList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(BaseModel):
+    """Body of ``POST /filter`` and ``POST /prioritize``."""
+
+    model_config = ConfigDict(extra="ignore")
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+    def node_names(self) -> list[str]:
+        if self.NodeNames is not None:
+            return list(self.NodeNames)
+        if self.Nodes is not None:
+            return [str((n.get("metadata") or {}).get("name", "")) for n in self.Nodes.items]
+        return []
+
+
+class ExtenderFilterResult(BaseModel):
+    """Response of ``/filter``."""
+
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = Field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Error: str = ""
+
+
+class HostPriority(BaseModel):
+    Host: str
+    Score: int = Field(ge=0, le=10)
+
+
+_CANONICAL = {k.lower(): k for k in ("Pod", "Nodes", "NodeNames")}
+
+
+class WireError(ValueError):
+    """A request body that is not ExtenderArgs; the message says what is wrong."""
+
+
+def parse_extender_args(body: bytes) -> ExtenderArgs:
+    """Decode and validate an ExtenderArgs body.
+
+    Raises:
+        WireError: not JSON, not an object, no ``Pod``, neither ``Nodes`` nor ``NodeNames``, or
+            a field of the wrong type; the message names the field.
+    """
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"request body is not JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise WireError("request body must be a JSON object with Pod and Nodes or NodeNames (ExtenderArgs)")
+    data = {_CANONICAL.get(k.lower(), k): v for k, v in raw.items()}
+    if data.get("Pod") is None:
+        raise WireError("Pod: required (the pod to place)")
+    if data.get("Nodes") is None and data.get("NodeNames") is None:
+        raise WireError("Nodes or NodeNames: one is required (nodeCacheCapable false or true)")
+    try:
+        return ExtenderArgs.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        path = ".".join(str(p) for p in first["loc"])
+        raise WireError(f"{path}: {first['msg']}") from e
+
+
+def dumps(obj: Any) -> bytes:
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    elif isinstance(obj, list):
+        obj = [o.model_dump(mode="json") if isinstance(o, BaseModel) else o for o in obj]
+    return orjson.dumps(obj)
