@@ -1,0 +1,83 @@
+"""Policy validation (field paths, references), class assignment, and reload semantics."""
+
+import pytest
+import yaml
+
+from scheduler_extender.cli import PolicyWatcher
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.policy import PolicyError, default_policy, parse_policy, policy_json_schema
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.server import ExtenderService
+from scheduler_extender.sources import StaticSource
+from tests.factories import EXAMPLES
+
+MINIMAL = {"classes": [{"name": "any"}], "rules": [{"class": "any"}], "defaultClass": "any"}
+
+
+def test_the_shipped_default_policy_is_valid_and_keeps_premium_gpus_for_large_jobs():
+    p = default_policy()
+    assert {c.name for c in p.classes} == {"small", "medium", "large"}
+    assert "H100" in p.class_named("medium").denied_models
+    assert not p.class_named("large").denied_models
+
+
+@pytest.mark.parametrize("change, path", [
+    ({"scoring": {"cost": "high"}}, "scoring.cost"),
+    ({"inventory": {"staleAfterSeconds": -1}}, "inventory.staleAfterSeconds"),
+    ({"rules": [{"class": "nope"}]}, "rules.0.class"),
+    ({"defaultClass": "nope"}, "defaultClass"),
+    ({"classes": [{"name": "any", "allowedModels": ["A100", "Z9000"]}]}, "classes.0.allowedModels.1"),
+    ({"classes": [{"name": "any", "allowedMigProfiles": ["3g40"]}]}, "classes.0.allowedMigProfiles"),
+    ({"catalog": {"not-a-gpu": {"costPerGpuHour": 1}}}, "catalog.not-a-gpu"),
+    ({"estimator": {"typo": 1}}, "estimator.typo"),
+    ({"rules": [{"class": "any", "minGpus": 0}]}, "rules.0.minGpus"),
+])
+def test_invalid_policy_is_rejected_with_the_field_path(change, path):
+    with pytest.raises(PolicyError) as e:
+        parse_policy({**MINIMAL, **change}, source="p.yaml")
+    assert str(e.value).startswith("p.yaml: ")
+    assert path in str(e.value)
+
+
+def test_yaml_syntax_errors_are_policy_errors():
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        parse_policy("classes: [", source="p.yaml")
+
+
+def test_rules_assign_the_first_matching_class_and_unknown_vram_matches_no_vram_rule():
+    p = default_policy()
+    kw = dict(params=None, workload=None, namespace="default", requires=frozenset())
+    assert p.assign_class(vram_bytes=70 * 2**30, gpu_count=1, **kw)[0].name == "large"
+    assert p.assign_class(vram_bytes=10 * 2**30, gpu_count=1, **kw)[0].name == "small"
+    assert p.assign_class(vram_bytes=30 * 2**30, gpu_count=1, **kw)[0].name == "medium"
+    assert p.assign_class(vram_bytes=None, gpu_count=1, **kw)[0].name == "medium"
+    assert p.assign_class(vram_bytes=None, gpu_count=8, **kw)[0].name == "large"
+    assert p.assign_class(vram_bytes=10 * 2**30, gpu_count=4, **{**kw, "requires": frozenset({"nvlink"})})[0].name == "large"
+
+
+def test_catalog_overrides_change_prices():
+    p = parse_policy({**MINIMAL, "catalog": {"rtx-4090": {"costPerGpuHour": 0.1}}})
+    assert p.cost_per_gpu_hour(default_catalog().entries["rtx-4090"]) == 0.1
+
+
+def test_policy_schema_is_published_with_aliases():
+    schema = policy_json_schema()
+    assert "defaultClass" in schema["properties"] and "classes" in schema["required"]
+
+
+def test_a_bad_policy_update_is_rejected_and_the_old_one_keeps_running(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(MINIMAL))
+    service = ExtenderService(Engine(parse_policy(MINIMAL)), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    metrics = ExtenderMetrics()
+    watcher = PolicyWatcher(str(path), service, metrics, interval=60)
+    running = service.engine
+    path.write_text("classes: [{name: any}]\nrules: [{class: missing}]\ndefaultClass: any\n")
+    assert watcher.check_once() is False
+    assert service.engine is running
+    assert metrics.policy_reloads.labels("rejected")._value.get() == 1
+    path.write_text(yaml.safe_dump({**MINIMAL, "scoring": {"cost": 9}}))
+    assert watcher.check_once() is True
+    assert service.engine is not running and service.engine.policy.scoring.cost == 9
+    assert watcher.check_once() is None  # unchanged content: nothing to do

@@ -1,0 +1,215 @@
+"""The extender's HTTP API: wire format against upstream encodings, acceptance scenarios, bad input."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from starlette.testclient import TestClient
+
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.sources import StaticSource
+from tests.factories import EXAMPLES, ROOT, pod
+
+WIRE = ROOT / "tests" / "fixtures" / "wire"
+NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def client():
+    service = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    with TestClient(create_app(service)) as c:
+        yield c
+
+
+def post(client, verb, p, nodes=NODES):
+    r = client.post(f"/{verb}", content=json.dumps({"Pod": p, "NodeNames": nodes}))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def scores(client, p):
+    return {h["Host"]: h["Score"] for h in post(client, "prioritize", p)}
+
+
+def best(client, p):
+    passing = post(client, "filter", p)["NodeNames"]
+    s = scores(client, p)
+    top = max(s[n] for n in passing)
+    return {n for n in passing if s[n] == top}
+
+
+# ---- wire format -------------------------------------------------------------------------------
+
+def test_filter_answers_the_upstream_node_cache_request_with_upstream_keys(client):
+    body = (WIRE / "filter_args_nodecache.json").read_bytes()
+    r = client.post("/filter", content=body)
+    assert r.status_code == 200
+    got = r.json()
+    upstream = json.loads((WIRE / "filter_result.json").read_text())
+    assert set(got) == set(upstream)
+    assert got["NodeNames"] == ["gpu-a6000-0", "gpu-a100-mig-0"] or set(got["NodeNames"]) == {"gpu-a6000-0", "gpu-a100-mig-0"}
+    assert got["FailedAndUnresolvableNodes"]["gpu-4090-0"] == upstream["FailedAndUnresolvableNodes"]["gpu-4090-0"]
+    assert got["Nodes"] is None and got["Error"] == ""
+
+
+def test_filter_with_full_node_list_returns_the_passing_node_objects(client):
+    body = json.loads((WIRE / "filter_args_nodelist.json").read_text())
+    small = pod({"gpuplace.io/model-params": "1B"})
+    r = client.post("/filter", content=json.dumps({**body, "Pod": small}))
+    got = r.json()
+    assert got["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in got["Nodes"]["items"]] == ["gpu-4090-0"]
+    assert got["Nodes"]["items"][0] == body["Nodes"]["items"][0]  # returned unchanged
+
+
+def test_node_inventory_is_read_from_node_objects_the_source_does_not_know(client):
+    body = json.loads((WIRE / "filter_args_nodelist.json").read_text())
+    body["Nodes"]["items"][0]["metadata"]["name"] = "unlisted-node"
+    annotation = json.loads(body["Nodes"]["items"][0]["metadata"]["annotations"]["gpuplace.io/inventory"])
+    annotation["nodeName"] = "unlisted-node"
+    body["Nodes"]["items"][0]["metadata"]["annotations"]["gpuplace.io/inventory"] = json.dumps(annotation)
+    got = client.post("/filter", content=json.dumps(body)).json()
+    assert "24 GiB VRAM < 30.3 GiB" in got["FailedAndUnresolvableNodes"]["unlisted-node"]
+
+
+def test_prioritize_answers_a_host_priority_list_like_upstream(client):
+    upstream = json.loads((WIRE / "prioritize_result.json").read_text())
+    args = json.loads((WIRE / "filter_args_nodecache.json").read_text())
+    got = client.post("/prioritize", content=json.dumps(args)).json()
+    assert [set(h) for h in got] == [set(upstream[0])] * len(args["NodeNames"])
+    assert [h["Host"] for h in got] == args["NodeNames"]
+    assert all(0 <= h["Score"] <= 10 for h in got)
+
+
+def test_keys_match_case_insensitively_as_go_decodes_them(client):
+    r = client.post("/filter", content=json.dumps({"pod": pod({}), "nodenames": ["gpu-4090-0"]}))
+    assert r.status_code == 200 and r.json()["NodeNames"] == ["gpu-4090-0"]
+
+
+@pytest.mark.parametrize("body, mentions", [
+    (b"{not json", "not JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b"{}", "Pod: required"),
+    (json.dumps({"Pod": {}}).encode(), "Nodes or NodeNames"),
+    (json.dumps({"Pod": {}, "NodeNames": "gpu-4090-0"}).encode(), "NodeNames"),
+    (json.dumps({"Pod": [], "NodeNames": []}).encode(), "Pod"),
+])
+def test_malformed_body_gets_400_with_a_json_error_and_the_server_keeps_serving(client, body, mentions):
+    r = client.post("/filter", content=body)
+    assert r.status_code == 400
+    assert mentions in r.json()["Error"]
+    assert client.get("/healthz").status_code == 200
+    assert post(client, "filter", pod({}))["NodeNames"]
+
+
+def test_health_readiness_and_metrics(client):
+    assert client.get("/healthz").text == "ok"
+    assert client.get("/readyz").status_code == 200
+    post(client, "filter", pod({"gpuplace.io/vram": "200Gi"}))
+    text = client.get("/metrics").text
+    assert 'gpuplace_extender_requests_total{code="200",verb="filter"}' in text
+    assert 'gpuplace_extender_node_rejections_total{criterion="vram"}' in text
+    assert "gpuplace_extender_request_duration_seconds_bucket" in text
+
+
+def test_filter_is_post_only(client):
+    assert client.get("/filter").status_code == 405
+
+
+# ---- acceptance scenarios on examples/cluster (issue 2) -----------------------------------------
+
+LLM_13B = {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "inference", "gpuplace.io/precision": "bf16"}
+
+
+def test_13b_bf16_inference_is_refused_by_24gb_cards_for_vram_and_by_turing_for_bf16(client):
+    got = post(client, "filter", pod(LLM_13B))
+    failed = got["FailedAndUnresolvableNodes"]
+    for n in ("gpu-4090-0", "gpu-4090-1"):
+        assert "24 GiB VRAM < 30.3 GiB needed (13B inference, bf16)" in failed[n]
+    assert "compute capability 7.5 < 8.0 needed for bf16" in failed["gpu-rtx8000-0"]
+
+
+def test_13b_bf16_inference_scores_best_on_a_mig_slice_or_48gb_ampere_never_a_full_premium_gpu(client):
+    top = best(client, pod(LLM_13B))
+    assert top and top <= {"gpu-a100-mig-0", "gpu-a6000-0"}
+    passing = post(client, "filter", pod(LLM_13B))["NodeNames"]
+    assert "gpu-a100-80g-0" not in passing and "gpu-h100-0" not in passing
+
+
+def test_7b_lora_scores_best_on_an_rtx_4090(client):
+    p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora", "gpuplace.io/precision": "bf16"})
+    assert best(client, p) <= {"gpu-4090-0", "gpu-4090-1"}
+
+
+def test_a_small_cuda_job_is_refused_by_the_amd_node(client):
+    got = post(client, "filter", pod({"gpuplace.io/model-params": "1B"}))
+    assert "a CUDA job needs NVIDIA GPUs" in got["FailedAndUnresolvableNodes"]["gpu-amd-0"]
+
+
+def test_a_4_gpu_nvlink_job_is_refused_by_the_4090_nodes_with_an_nvlink_reason(client):
+    got = post(client, "filter", pod({"gpuplace.io/require": "nvlink", "gpuplace.io/vram": "16Gi"}, gpus=4))
+    for n in ("gpu-4090-0", "gpu-4090-1"):
+        assert "NVLink" in got["FailedAndUnresolvableNodes"][n]
+    assert "gpu-h100-0" in got["NodeNames"]
+
+
+def test_gpu_models_h20_matches_no_h100_or_h200_node(client):
+    got = post(client, "filter", pod({"gpuplace.io/gpu-models": "H20", "gpuplace.io/vram": "60Gi"}))
+    assert got["NodeNames"] == []
+    assert "not in gpuplace.io/gpu-models (H20)" in got["FailedAndUnresolvableNodes"]["gpu-h100-0"]
+
+
+def test_a_malformed_annotation_fails_every_node_with_the_fix(client):
+    got = post(client, "filter", pod({"gpuplace.io/model-params": "thirteen billion"}))
+    assert got["NodeNames"] == []
+    assert len(got["FailedAndUnresolvableNodes"]) == len(NODES)
+    assert all(r.startswith("gpuplace.io/model-params:") and "7B" in r for r in got["FailedAndUnresolvableNodes"].values())
+
+
+# ---- the real console script ---------------------------------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gpuplace_extender_serves_hand_written_extender_args_in_static_mode():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(EXAMPLES / "cluster"),
+                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.1)
+        body = json.dumps({"Pod": pod(LLM_13B), "NodeNames": ["gpu-4090-0", "gpu-a6000-0"]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body, method="POST")
+        got = json.loads(urllib.request.urlopen(req, timeout=5).read())
+        assert got["NodeNames"] == ["gpu-a6000-0"]
+        assert "VRAM" in got["FailedAndUnresolvableNodes"]["gpu-4090-0"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def test_an_invalid_policy_stops_start_up_with_the_field_path(tmp_path):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("classes:\n- name: small\n  deniedModels: [H100X]\nrules:\n- {class: small}\ndefaultClass: small\n")
+    proc = subprocess.run([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(EXAMPLES / "cluster"),
+                           "--policy", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "classes.0.deniedModels.0" in proc.stderr and "H100X" in proc.stderr
