@@ -29,7 +29,7 @@ lint: install
 	$(BIN)/lint-imports
 
 demo: install controlplane
-	$(BIN)/python -m examples.demo
+	$(BIN)/python -m examples.demo $(ARGS)
 
 test-unit: install
 	$(BIN)/pytest -q -m "not e2e"
