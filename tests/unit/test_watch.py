@@ -1,0 +1,94 @@
+"""The list-then-watch loop: relist on 410 Gone and on a broken stream, resume from bookmarks."""
+
+import json
+import threading
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.watch import ResourceWatcher
+
+
+class FakeResponse:
+    def __init__(self, data=b"", lines=(), fail_after=None):
+        self.data = data
+        self._lines = list(lines)
+        self._fail_after = fail_after
+
+    def stream(self, amt=None, decode_content=False):
+        for i, line in enumerate(self._lines):
+            if self._fail_after is not None and i == self._fail_after:
+                raise ConnectionResetError("peer reset")
+            yield (json.dumps(line) + "\n").encode()
+
+    def release_conn(self):
+        pass
+
+
+def node(name, rv):
+    return {"metadata": {"name": name, "resourceVersion": rv, "annotations": {}}}
+
+
+class FakeAPI:
+    """Scripted list/watch answers; records how it was called."""
+
+    def __init__(self, script, stop):
+        self.script = list(script)
+        self.calls = []
+        self.stop = stop
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        if not self.script:
+            self.stop.set()
+            return FakeResponse(lines=[])
+        return self.script.pop(0)
+
+
+def listing(rv, *names):
+    return FakeResponse(data=json.dumps({"items": [node(n, rv) for n in names], "metadata": {"resourceVersion": rv}}).encode())
+
+
+def run(script):
+    stop = threading.Event()
+    api = FakeAPI(script, stop)
+    cache = ClusterCache(default_catalog())
+    cache.replace_pods([])
+    w = ResourceWatcher("nodes", api, cache, stop)
+    w.run()
+    return api, cache
+
+
+def test_a_410_gone_relists_and_watches_from_the_new_resource_version():
+    api, cache = run([
+        listing("10", "a"),
+        FakeResponse(lines=[{"type": "ADDED", "object": node("b", "11")},
+                            {"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}]),
+        listing("20", "a", "c"),
+    ])
+    watches = [c for c in api.calls if c.get("watch")]
+    assert watches[0]["resource_version"] == "10"
+    assert api.calls[2].get("watch") is None  # the relist
+    assert watches[1]["resource_version"] == "20"
+    assert cache.node_names() == ["a", "c"]  # b vanished with the relist
+    assert cache.stats.relists == 2
+
+
+def test_bookmarks_advance_the_resource_version_without_touching_the_cache():
+    api, cache = run([
+        listing("10", "a"),
+        FakeResponse(lines=[{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}}]),
+    ])
+    watches = [c for c in api.calls if c.get("watch")]
+    assert [w["resource_version"] for w in watches[:2]] == ["10", "15"]
+    assert watches[0]["allow_watch_bookmarks"] is True
+    assert cache.node_names() == ["a"]
+
+
+def test_a_broken_stream_marks_the_cache_unsynced_and_relists():
+    api, cache = run([
+        listing("10", "a"),
+        FakeResponse(lines=[{"type": "ADDED", "object": node("b", "11")}, {}], fail_after=1),
+        listing("30", "a", "b", "d"),
+    ])
+    assert cache.node_names() == ["a", "b", "d"]
+    assert cache.nodes_synced  # synced again after the successful relist
