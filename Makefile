@@ -38,7 +38,7 @@ test-e2e: install controlplane
 	$(BIN)/pytest -q -m e2e
 
 test: install controlplane lint
-	$(BIN)/pytest -q
+	PATH="$$(hack/install-promtool.sh):$$PATH" $(BIN)/pytest -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache .demo

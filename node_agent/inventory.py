@@ -150,6 +150,26 @@ def _format_validation_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def decode_inventory_text(text: str | bytes, *, source: str = "inventory") -> dict[str, Any]:
+    """Decode JSON (or YAML) text into a mapping, without validating it.
+
+    Raises:
+        InventoryError: larger than ``MAX_ANNOTATION_BYTES``, neither JSON nor YAML, or not a mapping.
+    """
+    if len(text) > MAX_ANNOTATION_BYTES:
+        raise InventoryError(f"{source}: {len(text)} bytes is larger than the {MAX_ANNOTATION_BYTES} accepted")
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        try:
+            decoded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InventoryError(f"{source}: neither JSON nor YAML ({' '.join(str(e).split())})") from e
+    if not isinstance(decoded, dict):
+        raise InventoryError(f"{source}: expected a mapping with apiVersion: {API_VERSION}")
+    return decoded
+
+
 def parse_inventory(data: str | bytes | dict[str, Any], *, source: str = "inventory") -> NodeGPUInventory:
     """Parse and validate a NodeGPUInventory from JSON/YAML text or an already decoded dict.
 
@@ -157,20 +177,7 @@ def parse_inventory(data: str | bytes | dict[str, Any], *, source: str = "invent
         InventoryError: the text is not JSON/YAML, is larger than ``MAX_ANNOTATION_BYTES``, or
             does not match the contract; the message starts with ``source`` and names the field.
     """
-    if isinstance(data, (str, bytes)):
-        if len(data) > MAX_ANNOTATION_BYTES:
-            raise InventoryError(
-                f"{source}: {len(data)} bytes is larger than the {MAX_ANNOTATION_BYTES} accepted"
-            )
-        try:
-            decoded = json.loads(data)
-        except ValueError:
-            try:
-                decoded = yaml.safe_load(data)
-            except yaml.YAMLError as e:
-                raise InventoryError(f"{source}: neither JSON nor YAML ({e})") from e
-    else:
-        decoded = data
+    decoded = decode_inventory_text(data, source=source) if isinstance(data, (str, bytes)) else data
     if not isinstance(decoded, dict):
         raise InventoryError(f"{source}: expected a mapping with apiVersion: {API_VERSION}")
     try:

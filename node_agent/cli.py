@@ -1,0 +1,274 @@
+"""``gpuplace-agent``: read this node's GPUs and publish them on its Node."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any, Sequence, cast
+
+from node_agent.agent import Agent, Probe
+from node_agent.inventory import InventoryError, NodeGPUInventory
+from node_agent.metrics import InventorySnapshot, build_registry
+from node_agent.podresources import DEFAULT_SOCKET, PodResourcesClient
+
+log = logging.getLogger("gpuplace-agent")
+
+EXIT_OK = 0
+EXIT_PUBLISH_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_DRIVER = 3
+
+EPILOG = f"""\
+examples:
+  # print what the GPUs of this node are, touch nothing
+  gpuplace-agent --once --print
+  # replay an inventory file, no cluster needed
+  gpuplace-agent --probe fake --fake-inventory examples/cluster/gpu-a100-0.json --once --print
+  # publish it once on the Node, then exit
+  gpuplace-agent --probe fake --fake-inventory node.json --once --kubeconfig ~/.kube/config
+  # the DaemonSet: probe every 30 s, publish on change and every 60 s, /metrics on :9400
+  gpuplace-agent
+
+exit codes:
+  {EXIT_OK}  success
+  {EXIT_PUBLISH_FAILED}  publishing failed (--once: not patched within --publish-timeout-seconds)
+  {EXIT_USAGE}  bad arguments, unreadable or invalid inventory/fixture file, no cluster config
+  {EXIT_NO_DRIVER}  no usable NVIDIA driver (see --keep-running-without-driver)
+"""
+
+
+class UsageError(Exception):
+    """An expected, user-fixable error: printed as one line, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuplace-agent",
+        description="Read what each GPU of this node really is (model, VRAM, MIG devices, NVLink peers, "
+        "ECC, bandwidth, health) and publish it on the Node as the gpuplace.io/inventory annotation "
+        "and gpuplace.io/* labels, for the gpuplace scheduler extender.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_argument_group("what to read")
+    src.add_argument("--probe", choices=["nvml", "fake", "fake-nvml"], default="nvml",
+                     help="nvml: the real GPUs through the NVIDIA driver (default); fake: replay --fake-inventory; "
+                     "fake-nvml: run the NVML code against a recorded --nvml-fixture")
+    src.add_argument("--fake-inventory", metavar="FILE", help="NodeGPUInventory file (JSON or YAML) for --probe fake")
+    src.add_argument("--nvml-fixture", metavar="FILE", help="fake NVML fixture (YAML, tests/fixtures/nvml/) for --probe fake-nvml")
+    src.add_argument("--node-name", default=None,
+                     help="the Node to publish on (default: $NODE_NAME, else the host name; "
+                     "with --probe fake, else the file's nodeName)")
+    src.add_argument("--mig-strategy", choices=["none", "single", "mixed"], default=None,
+                     help="how the NVIDIA device plugin exposes MIG devices, recorded in the inventory "
+                     "(default: none; with --probe fake, the file's)")
+    src.add_argument("--keep-running-without-driver", action="store_true",
+                     help="when the NVIDIA driver is unusable, report zero GPUs instead of exiting")
+    src.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
+                     help=f"kubelet PodResources socket for allocatedTo (default {DEFAULT_SOCKET}; "
+                     "skipped when absent or grpcio is not installed)")
+    run = p.add_argument_group("how to run")
+    run.add_argument("--once", action="store_true", help="probe (and publish) once, then exit")
+    run.add_argument("--print", action="store_true", dest="print_inventory",
+                     help="print the inventory as indented JSON on stdout after each probe")
+    run.add_argument("--interval-seconds", type=_positive, default=30.0, help="probe interval (default 30)")
+    run.add_argument("--metrics-port", type=int, default=9400, help="port of /metrics (default 9400; 0 disables)")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
+    pub = p.add_argument_group("where to publish")
+    pub.add_argument("--kubeconfig", metavar="FILE",
+                     help="kubeconfig to reach the API server (default: in-cluster config). "
+                     "--once --print without --kubeconfig does not publish")
+    pub.add_argument("--no-publish", action="store_true", help="never patch the Node (probe, print and serve /metrics only)")
+    pub.add_argument("--heartbeat-seconds", type=_positive, default=60.0,
+                     help="republish an unchanged inventory this often, so the extender (staleness limit "
+                     "300 s by default) knows the agent is alive (default 60)")
+    pub.add_argument("--publish-timeout-seconds", type=_positive, default=30.0,
+                     help="with --once: give up publishing after this long, exit 1 (default 30)")
+    return p
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def resolve_node_name(args: argparse.Namespace) -> str | None:
+    """--node-name, else $NODE_NAME, else (not for the fake probe, whose file may name it) the host name."""
+    name = args.node_name or os.environ.get("NODE_NAME") or None
+    if name is None and args.probe != "fake":
+        name = socket.gethostname()
+    return name
+
+
+def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
+    if args.probe == "fake":
+        if not args.fake_inventory:
+            raise UsageError("--probe fake needs --fake-inventory FILE")
+        from node_agent.fake import FakeProbe
+
+        return FakeProbe(args.fake_inventory, node_name=node_name, mig_strategy=args.mig_strategy)
+    from node_agent.nvml import MigStrategy, NVMLProbe
+
+    assert node_name is not None
+    strategy = cast(MigStrategy, args.mig_strategy or "none")
+    if args.probe == "fake-nvml":
+        if not args.nvml_fixture:
+            raise UsageError("--probe fake-nvml needs --nvml-fixture FILE")
+        from node_agent.fake_nvml import FixtureError, load_fixture
+
+        try:
+            fake = load_fixture(args.nvml_fixture)
+        except FixtureError as e:
+            raise UsageError(str(e)) from e
+        return NVMLProbe(fake, node_name=node_name, mig_strategy=strategy, numa_lookup=fake.numa_affinity)
+    return NVMLProbe(node_name=node_name, mig_strategy=strategy)
+
+
+class _DriverlessProbe:
+    """--keep-running-without-driver: zero GPUs while the driver is unusable; retries NVML each probe,
+    so a driver installed later is picked up without a restart."""
+
+    def __init__(self, inner: Probe, node_name: str, mig_strategy: Any) -> None:
+        self.inner = inner
+        self.node_name = node_name
+        self.mig_strategy = mig_strategy
+        self._warned = False
+
+    def probe(self) -> NodeGPUInventory:
+        from node_agent.nvml import NVMLUnavailable, unavailable_inventory
+
+        try:
+            return self.inner.probe()
+        except NVMLUnavailable as e:
+            if not self._warned:
+                log.warning("%s; reporting zero GPUs (--keep-running-without-driver)", e)
+                self._warned = True
+            return unavailable_inventory(self.node_name, self.mig_strategy)
+
+
+def build_core_v1(kubeconfig: str | None) -> Any:
+    """A CoreV1Api from --kubeconfig, else from the in-cluster ServiceAccount."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        if kubeconfig:
+            return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.CoreV1Api(client.ApiClient(configuration))
+    except (ConfigException, OSError, ValueError, TypeError) as e:
+        if kubeconfig:
+            raise UsageError(f"cannot use kubeconfig {kubeconfig}: {e}") from e
+        raise UsageError(
+            "not running in a cluster (no in-cluster ServiceAccount config) and no --kubeconfig given: "
+            "pass --kubeconfig FILE, or --no-publish / --once --print to only read the GPUs"
+        ) from e
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"gpuplace-agent: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from node_agent.nvml import NVMLUnavailable
+
+    node_name = resolve_node_name(args)
+    probe = build_probe(args, node_name)
+    if args.keep_running_without_driver and args.probe != "fake":
+        probe = _DriverlessProbe(probe, node_name or "", args.mig_strategy or "none")
+
+    publish = not args.no_publish and not (args.once and args.print_inventory and not args.kubeconfig)
+    snapshot = InventorySnapshot()
+    registry, metrics = build_registry(snapshot)
+
+    def show(inventory: NodeGPUInventory) -> None:
+        if args.print_inventory:
+            print(json.dumps(inventory.to_dict(), indent=2), flush=True)
+
+    # The first probe runs before anything else, so a bad file or a missing driver is reported at
+    # once with a clear message instead of as a failure inside the loop.
+    try:
+        first = probe.probe()
+    except InventoryError as e:
+        raise UsageError(str(e)) from e
+    except NVMLUnavailable as e:
+        print(f"gpuplace-agent: {e}. Use --keep-running-without-driver to report zero GPUs instead.", file=sys.stderr)
+        return EXIT_NO_DRIVER
+
+    publisher = None
+    if publish:
+        from node_agent.publish import NodePublisher
+
+        name = node_name or first.node_name
+        publisher = NodePublisher(build_core_v1(args.kubeconfig), name,
+                                  heartbeat_seconds=args.heartbeat_seconds, metrics=metrics)
+    pod_resources = PodResourcesClient(args.pod_resources_socket) if args.pod_resources_socket else None
+    agent = Agent(_Replay(first, probe), snapshot=snapshot, metrics=metrics, publisher=publisher,
+                  pod_resources=pod_resources, interval_seconds=args.interval_seconds, on_inventory=show)
+
+    if args.once:
+        inventory = agent.probe_once()
+        if inventory is None:
+            return EXIT_USAGE
+        if publisher is not None:
+            from node_agent.publish import PublishError
+
+            try:
+                publisher.publish_until(args.publish_timeout_seconds)
+            except PublishError as e:
+                print(f"gpuplace-agent: {e}", file=sys.stderr)
+                return EXIT_PUBLISH_FAILED
+            log.info("published the inventory of node %s (%d GPUs)", publisher.node_name, len(inventory.gpus))
+        return EXIT_OK
+
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, registry=registry)
+        log.info("serving /metrics on :%d", args.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("probing every %g s with the %s probe%s", args.interval_seconds, args.probe,
+             f", publishing on node {publisher.node_name}" if publisher else " (not publishing)")
+    agent.run(stop)
+    return EXIT_OK
+
+
+class _Replay:
+    """Hands out an already taken first probe once, then probes for real (no double probe at start)."""
+
+    def __init__(self, first: NodeGPUInventory, probe: Probe) -> None:
+        self._first: NodeGPUInventory | None = first
+        self._probe = probe
+
+    def probe(self) -> NodeGPUInventory:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return self._probe.probe()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,821 @@
+"""Read what each NVIDIA GPU of this node really is, through NVML. The only module that imports pynvml.
+
+Everything NVML says goes through one ``NVMLSession``: ``nvmlInit`` happens lazily, once, under a
+lock, and ``nvmlShutdown`` at interpreter exit. Every other module asks ``NVMLProbe`` for a
+``NodeGPUInventory`` and never sees pynvml (``pyproject.toml``'s import-linter contract).
+
+How a failure is read:
+
+- ``NVML_ERROR_NOT_SUPPORTED`` means "this GPU or driver does not have the feature" and each getter
+  says what that means for it (no ECC support -> ECC off; no NVLink -> no peers; no row remapper ->
+  nothing pending).
+- Any other failure of a call means "unknown": the value is ``None`` (never 0, a scheduler must not
+  mistake "not measured" for "none") and the reason is logged once per (function, reason), not once
+  per call, so a driver lacking a function does not flood the log every 30 s.
+- A GPU whose handle (or UUID, name, memory) cannot be read is still reported, unhealthy, with the
+  reason in ``healthReasons``; the agent never crashes on one bad GPU.
+- No driver at all (library missing, kernel module not loaded) raises ``NVMLUnavailable`` with a
+  sentence a node operator can act on.
+
+Each getter's docstring names the unit and the ``nvidia-smi --query-gpu=`` field that shows the
+same number, so a reader can check a value against the tool everyone trusts (the pattern of
+XuehaiPan/nvitop ``nvitop/api/libnvml.py``).
+
+The pynvml module is injected (``NVMLProbe(nvml_module=...)``) so that tests run this exact code
+against ``node_agent.fake_nvml``, which replays published ``nvidia-smi`` outputs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from node_agent.inventory import API_VERSION, GPU, KIND, MigDevice, NodeGPUInventory, NVLinkPeer
+
+log = logging.getLogger(__name__)
+
+MigStrategy = Literal["none", "single", "mixed"]
+NumaLookup = Callable[[str], "int | None"]
+
+PLACEHOLDER_MEMORY_MIB = 1
+"""``memoryMiB`` of a GPU whose memory could not be read. The contract requires a value > 0; such a
+GPU is always ``healthy: false`` with the reason, so no reader places work on it."""
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
+"""XIDs caused by the application, not the GPU: the GPU stays healthy. The same list as NVIDIA
+k8s-device-plugin (``internal/rm/health.go`` ``applicationErrorXids``): 13 graphics engine
+exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video
+processor exception (NVIDIA "XID Errors" guide)."""
+
+CORES_PER_SM = {
+    (3, 0): 192, (3, 2): 192, (3, 5): 192, (3, 7): 192,
+    (5, 0): 128, (5, 2): 128, (5, 3): 128,
+    (6, 0): 64, (6, 1): 128, (6, 2): 128,
+    (7, 0): 64, (7, 2): 64, (7, 5): 64,
+    (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+    (9, 0): 128,
+    (10, 0): 128, (10, 1): 128, (10, 3): 128, (11, 0): 128, (12, 0): 128, (12, 1): 128,
+}
+"""FP32 CUDA cores per streaming multiprocessor by compute capability: the table of NVIDIA's CUDA
+samples (``Common/helper_cuda.h`` ``_ConvertSMVer2Cores``). Used to derive the SM count of a full
+GPU from ``nvmlDeviceGetNumGpuCores`` when NVML has no direct answer: A100 6912 / 64 = 108,
+H100 SXM 16896 / 128 = 132, RTX 4090 16384 / 128 = 128 (CUDA ``deviceQuery`` on those cards)."""
+
+
+class NVMLUnavailable(RuntimeError):
+    """NVML cannot be used on this machine (no driver, no library, no permission); the message says
+    what to check."""
+
+
+class ProbeError(RuntimeError):
+    """The probe as a whole failed (e.g. the GPU count could not be read); the last inventory stays."""
+
+
+def memory_bandwidth_gbps(bus_width_bits: int | None, max_memory_clock_mhz: int | None) -> float | None:
+    """Peak memory bandwidth in decimal GB/s from the bus width and the maximum memory clock.
+
+    ``bandwidth = bus_width_bits / 8 * max_memory_clock_mhz * 2 / 1000``
+
+    Source: NVIDIA Developer Blog, Mark Harris, "How to Implement Performance Metrics in CUDA C/C++"
+    (theoretical bandwidth = memory clock x bus width in bytes x 2 for double data rate); the CUDA
+    samples ``deviceQuery`` and NVIDIA nvbench ("Global Memory Bus Peak: 1008 GB/sec (384-bit DDR
+    @10501MHz)" on an RTX 4090) compute it the same way from the same two numbers.
+
+    What clock NVML reports, by memory type (``nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)``, shown by
+    ``nvidia-smi -q`` under "Max Clocks / Memory" and by ``--query-gpu=clocks.max.memory``):
+
+    - HBM2e / HBM3: the HBM interface clock, data moves on both edges. A100-SXM4-80GB: 5120 bit,
+      1593 MHz -> 2039 GB/s (datasheet 2,039 GB/s); H100 SXM5: 5120 bit, 2619 MHz -> 3352 GB/s
+      (datasheet 3.35 TB/s); A100 80GB PCIe: 1512 MHz -> 1935 GB/s (datasheet 1,935 GB/s).
+    - GDDR6X (PAM4, two bits per symbol): NVML does *not* report the physical command clock
+      (1313 MHz on an RTX 4090, the number GPU-Z shows) nor the write clock, but half the per-pin
+      data rate: 10501 MHz on an RTX 4090 whose pins run at 21 Gbit/s. So the same x2 gives the
+      right answer: 384 bit, 10501 MHz -> 1008 GB/s (datasheet 1,008 GB/s). The same holds for
+      GDDR6 (RTX 2080: 256 bit, 7000 MHz -> 448 GB/s) and GDDR5 (GTX TITAN X: 384 bit, 3505 MHz
+      -> 336 GB/s). Published ``nvidia-smi -q`` outputs of those cards are in
+      ``tests/fixtures/nvml/``.
+
+    Caveats: this is the theoretical peak, not what a kernel achieves (STREAM-like copies reach
+    roughly 80-93 %); a driver that ever reported the physical GDDR6X clock would make this 8x too
+    small, which the fixtures above would catch. ``None`` when either input is unknown.
+    """
+    if not bus_width_bits or not max_memory_clock_mhz:
+        return None
+    return round(bus_width_bits / 8 * max_memory_clock_mhz * 2 / 1000, 1)
+
+
+def format_bus_id(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """The PCI address the way nvidia-smi prints it: ``00000000:07:00.0``."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
+    """``(domain, bus, device, function)`` of ``00000000:07:00.0`` or ``0000:07:00.0``; None if
+    not a PCI address. NVML uses 8 domain digits, sysfs and lspci 4: compare parsed, never as text."""
+    try:
+        domain, bus, devfn = text.strip().split(":")
+        dev, fn = devfn.split(".")
+        return int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        return None
+
+
+def sysfs_numa_node(bus_id: str, sysfs_root: str | Path = "/sys") -> int | None:
+    """NUMA node of the CPU socket the GPU's PCI device hangs off, from
+    ``/sys/bus/pci/devices/<addr>/numa_node``; what ``nvidia-smi topo -m`` shows as "NUMA
+    Affinity". ``-1`` (firmware gave no affinity) and any read failure are ``None``."""
+    parsed = parse_bus_id(bus_id)
+    if parsed is None:
+        return None
+    domain, bus, dev, fn = parsed
+    path = Path(sysfs_root) / "bus/pci/devices" / f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}" / "numa_node"
+    try:
+        value = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    code: int | None = None  # NVML error code; None when the call succeeded
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None and not self.reason
+
+
+_MISSING_FUNCTION = -1  # our code for "pynvml has no such function" (nvidia-ml-py too old)
+
+
+class NVMLSession:
+    """Lazy, thread-safe ``nvmlInit``; the one door every NVML call goes through.
+
+    ``module`` is pynvml or a stand-in with the same names (``node_agent.fake_nvml``); when None,
+    pynvml is imported on first use.
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._logged: set[tuple[str, str]] = set()
+
+    @property
+    def module(self) -> Any:
+        if self._module is None:
+            try:
+                import pynvml  # the only import of pynvml in the code base
+            except ImportError as e:
+                raise NVMLUnavailable(
+                    "the Python package nvidia-ml-py (module pynvml) is not installed"
+                ) from e
+            self._module = pynvml
+        return self._module
+
+    def const(self, name: str, default: int | None = None) -> Any:
+        """An NVML constant by name; ``default`` when this pynvml is too old to have it."""
+        return getattr(self.module, name, default)
+
+    def ensure_initialized(self) -> None:
+        """``nvmlInit`` once per process. Raises ``NVMLUnavailable`` when NVML cannot start."""
+        if self._initialized:
+            return
+        with self._lock:
+            if self._initialized:
+                return
+            nvml = self.module
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as e:
+                raise NVMLUnavailable(self._explain_init_failure(e)) from e
+            self._initialized = True
+            atexit.register(self.shutdown)
+
+    def _explain_init_failure(self, err: Any) -> str:
+        code = getattr(err, "value", None)
+        hints = {
+            self.const("NVML_ERROR_LIBRARY_NOT_FOUND", 12): (
+                "the NVIDIA driver library libnvidia-ml.so.1 was not found: is the NVIDIA driver "
+                "installed on this node, and does the container run with the NVIDIA runtime "
+                "(runtimeClassName: nvidia) or the driver's libraries mounted?"
+            ),
+            self.const("NVML_ERROR_DRIVER_NOT_LOADED", 9): (
+                "the NVIDIA kernel driver is not loaded on this node (lsmod | grep nvidia): "
+                "install or load the driver, or run the agent only on GPU nodes"
+            ),
+            self.const("NVML_ERROR_LIB_RM_VERSION_MISMATCH", 18): (
+                "the NVML library and the loaded NVIDIA kernel driver differ in version "
+                "(driver upgraded without a reboot?)"
+            ),
+            self.const("NVML_ERROR_NO_PERMISSION", 4): (
+                "no permission to open the NVIDIA devices (/dev/nvidiactl, /dev/nvidia*)"
+            ),
+        }
+        hint = hints.get(code, "NVML could not be initialized")
+        return f"NVML unavailable: {hint} (nvmlInit: {err})"
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown`` if we initialized; safe to call twice."""
+        with self._lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+            try:
+                self.module.nvmlShutdown()
+            except Exception as e:  # at exit nothing useful can be done about it
+                log.debug("nvmlShutdown failed: %s", e)
+
+    def invoke(self, fn: str, *args: Any) -> _Outcome:
+        """Call ``fn`` and report the outcome without logging (callers that need the reason)."""
+        nvml = self.module
+        func = getattr(nvml, fn, None)
+        if func is None:
+            return _Outcome(code=_MISSING_FUNCTION, reason=f"pynvml has no {fn} (nvidia-ml-py too old)")
+        try:
+            return _Outcome(value=func(*args))
+        except nvml.NVMLError as e:
+            return _Outcome(code=getattr(e, "value", None), reason=str(e) or type(e).__name__)
+
+    def call(self, fn: str, *args: Any, not_supported: Any = None, quiet: tuple[int, ...] = ()) -> Any:
+        """The value of ``fn(*args)``; on NVML_ERROR_NOT_SUPPORTED ``not_supported`` (the caller's
+        meaning of "this GPU has no such feature"); on codes in ``quiet`` None silently (an
+        expected answer such as an empty MIG slot); on any other failure None, logged once per
+        (function, reason)."""
+        out = self.invoke(fn, *args)
+        if out.ok:
+            return out.value
+        if out.code == self.const("NVML_ERROR_NOT_SUPPORTED", 3):
+            self.log_once(fn, "not supported", logging.DEBUG)
+            return not_supported
+        if out.code in quiet:
+            return None
+        self.log_once(fn, out.reason, logging.WARNING)
+        return None
+
+    def log_once(self, fn: str, reason: str, level: int = logging.WARNING) -> None:
+        key = (fn, reason)
+        with self._lock:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        log.log(level, "NVML %s failed: %s (value reported as unknown; logged once)", fn, reason)
+
+    def is_code(self, out: _Outcome, name: str, default: int) -> bool:
+        return out.code is not None and out.code == self.const(name, default)
+
+
+def _text(value: Any) -> str:
+    """pynvml returns str for most strings but bytes inside ctypes structs (``busId``, ``name``)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\x00")
+    return str(value)
+
+
+@dataclass
+class _Link:
+    """One active NVLink of a GPU: what is at the other end."""
+
+    remote: Literal["gpu", "switch", "unknown", "other"]
+    remote_bus: tuple[int, int, int, int] | None
+
+
+@dataclass
+class _RawGPU:
+    """What was read about one GPU before NVLink peers can be resolved (they need every GPU's bus)."""
+
+    fields: dict[str, Any]
+    reasons: list[str] = field(default_factory=list)
+    bus: tuple[int, int, int, int] | None = None
+    links: list[_Link] = field(default_factory=list)
+
+
+class NVMLProbe:
+    """Reads every GPU through NVML and returns a ``NodeGPUInventory``.
+
+    Args:
+        nvml_module: pynvml, or ``node_agent.fake_nvml.FakeNVML`` in tests; None imports pynvml.
+        node_name: the Node this agent runs on.
+        mig_strategy: how the NVIDIA device plugin exposes MIG devices, recorded as is.
+        numa_lookup: CPU NUMA node of a PCI bus id when NVML has none; default reads sysfs.
+        watch_xids: register for NVML XID events and mark GPUs with a critical XID unhealthy.
+    """
+
+    def __init__(
+        self,
+        nvml_module: Any = None,
+        *,
+        node_name: str,
+        mig_strategy: MigStrategy = "none",
+        numa_lookup: NumaLookup | None = None,
+        watch_xids: bool = True,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    ) -> None:
+        self.nvml = NVMLSession(nvml_module)
+        self.node_name = node_name
+        self.mig_strategy = mig_strategy
+        self._numa_lookup = numa_lookup or sysfs_numa_node
+        self._clock = clock
+        self._xids = _XidWatcher(self.nvml) if watch_xids else None
+        self._probe_lock = threading.Lock()  # one probe at a time: the XID event set is shared
+
+    # ---- node-level getters -------------------------------------------------------------
+
+    def driver_version(self) -> str | None:
+        """Display driver version, e.g. ``"580.95.05"``. nvidia-smi: ``--query-gpu=driver_version``."""
+        value = self.nvml.call("nvmlSystemGetDriverVersion")
+        return None if value is None else _text(value)
+
+    def cuda_driver_version(self) -> str | None:
+        """Highest CUDA version the installed driver supports, ``"12.8"`` (NVML gives 12080).
+        nvidia-smi: the "CUDA Version" of its header (no ``--query-gpu`` field)."""
+        value = self.nvml.call("nvmlSystemGetCudaDriverVersion_v2")
+        if value is None:
+            value = self.nvml.call("nvmlSystemGetCudaDriverVersion")
+        if not value:
+            return None
+        return f"{int(value) // 1000}.{(int(value) % 1000) // 10}"
+
+    # ---- per-GPU getters ------------------------------------------------------------------
+
+    def uuid(self, h: Any) -> str | None:
+        """GPU UUID, ``GPU-...``. nvidia-smi: ``--query-gpu=uuid``."""
+        value = self.nvml.call("nvmlDeviceGetUUID", h)
+        return None if value is None else _text(value)
+
+    def name(self, h: Any) -> str | None:
+        """Product name as the driver reports it. nvidia-smi: ``--query-gpu=name``."""
+        value = self.nvml.call("nvmlDeviceGetName", h)
+        return None if value is None else _text(value)
+
+    def pci(self, h: Any) -> tuple[str | None, str | None, tuple[int, int, int, int] | None]:
+        """(bus id ``00000000:07:00.0``, device id ``0x20B210DE``, parsed bus). nvidia-smi:
+        ``--query-gpu=pci.bus_id,pci.device_id``."""
+        info = self.nvml.call("nvmlDeviceGetPciInfo", h)
+        if info is None:
+            return None, None, None
+        bus = parse_bus_id(_text(info.busId))
+        if bus is None:
+            bus = (int(info.domain), int(info.bus), int(info.device), 0)
+        return format_bus_id(*bus), f"0x{int(info.pciDeviceId):08X}", bus
+
+    def architecture(self, h: Any) -> str | None:
+        """Architecture name (``ampere``, ``hopper``...). nvidia-smi -q: "Product Architecture"
+        (no ``--query-gpu`` field)."""
+        value = self.nvml.call("nvmlDeviceGetArchitecture", h)
+        if value is None:
+            return None
+        names = {
+            self.nvml.const(f"NVML_DEVICE_ARCH_{key}", number): key.lower()
+            for key, number in (
+                ("KEPLER", 2), ("MAXWELL", 3), ("PASCAL", 4), ("VOLTA", 5), ("TURING", 6),
+                ("AMPERE", 7), ("ADA", 8), ("HOPPER", 9), ("BLACKWELL", 10), ("RUBIN", 13),
+            )
+        }
+        return names.get(int(value))
+
+    def compute_capability(self, h: Any) -> tuple[int, int] | None:
+        """CUDA compute capability (major, minor). nvidia-smi: ``--query-gpu=compute_cap``."""
+        value = self.nvml.call("nvmlDeviceGetCudaComputeCapability", h)
+        if value is None:
+            return None
+        major, minor = value
+        return int(major), int(minor)
+
+    def memory_total_mib(self, h: Any) -> int | None:
+        """Total framebuffer memory in MiB (NVML gives bytes). nvidia-smi: ``--query-gpu=memory.total``."""
+        info = self.nvml.call("nvmlDeviceGetMemoryInfo", h)
+        if info is None or not info.total:
+            return None
+        return int(info.total) // (1024 * 1024)
+
+    def cuda_cores(self, h: Any) -> int | None:
+        """Number of CUDA (FP32) cores; driver R520+ (``nvmlDeviceGetNumGpuCores``). No nvidia-smi
+        field; CUDA ``deviceQuery`` prints it. Not supported -> unknown."""
+        value = self.nvml.call("nvmlDeviceGetNumGpuCores", h)
+        return int(value) if value else None
+
+    def multiprocessors(self, h: Any, cc: tuple[int, int] | None, cores: int | None) -> int | None:
+        """Streaming multiprocessors. ``nvmlDeviceGetAttributes`` answers for MIG devices (and, on
+        some drivers, full GPUs); otherwise cores / cores-per-SM of the compute capability
+        (``CORES_PER_SM``). No nvidia-smi field; CUDA ``deviceQuery`` prints "(108) Multiprocessors"."""
+        attrs = self.nvml.call("nvmlDeviceGetAttributes", h)
+        direct = getattr(attrs, "multiprocessorCount", None) if attrs is not None else None
+        if direct:
+            return int(direct)
+        per_sm = CORES_PER_SM.get(cc) if cc else None
+        if cores and per_sm:
+            return cores // per_sm
+        return None
+
+    def memory_bus_width_bits(self, h: Any) -> int | None:
+        """Memory bus width in bits (``nvmlDeviceGetMemoryBusWidth``). No nvidia-smi field; CUDA
+        ``deviceQuery``: "Memory Bus Width: 5120-bit"."""
+        value = self.nvml.call("nvmlDeviceGetMemoryBusWidth", h)
+        return int(value) if value else None
+
+    def max_memory_clock_mhz(self, h: Any) -> int | None:
+        """Maximum memory clock in MHz, in NVML's convention (see ``memory_bandwidth_gbps``).
+        nvidia-smi: ``--query-gpu=clocks.max.memory``."""
+        value = self.nvml.call("nvmlDeviceGetMaxClockInfo", h, self.nvml.const("NVML_CLOCK_MEM", 2))
+        return int(value) if value else None
+
+    def ecc_enabled(self, h: Any) -> bool | None:
+        """Current ECC mode. nvidia-smi: ``--query-gpu=ecc.mode.current``. A GPU without ECC
+        support (nvidia-smi "N/A", NOT_SUPPORTED) has ECC off: False, not unknown."""
+        value = self.nvml.call("nvmlDeviceGetEccMode", h, not_supported=(0, 0))
+        if value is None:
+            return None
+        return bool(int(value[0]) == self.nvml.const("NVML_FEATURE_ENABLED", 1))
+
+    def power_limit_w(self, h: Any) -> float | None:
+        """Enforced power limit in W (NVML gives mW): the limit the GPU obeys, the lower of the
+        admin's and the board's. nvidia-smi: ``--query-gpu=enforced.power.limit``; falls back to
+        ``power.limit`` (``nvmlDeviceGetPowerManagementLimit``)."""
+        value = self.nvml.call("nvmlDeviceGetEnforcedPowerLimit", h)
+        if not value:
+            value = self.nvml.call("nvmlDeviceGetPowerManagementLimit", h)
+        return round(int(value) / 1000, 1) if value else None
+
+    def numa_node(self, h: Any, bus_id: str | None) -> int | None:
+        """NUMA node of the GPU: ``nvmlDeviceGetNumaNodeId`` where the driver has it, else the
+        PCI device's node from sysfs, else None. nvidia-smi topo -m: "GPU NUMA ID", then "NUMA
+        Affinity". On x86 servers NVML answers NOT_SUPPORTED (topo -m shows "GPU NUMA ID N/A") and
+        sysfs gives the CPU socket's node; on coherent systems (Grace Hopper) NVML gives the node
+        of the GPU's own memory, which is what it reports first."""
+        value = self.nvml.call("nvmlDeviceGetNumaNodeId", h)
+        if value is not None and int(value) >= 0:
+            return int(value)
+        return self._numa_lookup(bus_id) if bus_id else None
+
+    def health_reasons(self, h: Any) -> list[str]:
+        """Reasons this GPU should not get new work; empty when healthy. Sources (nvidia-smi):
+        ``--query-gpu=retired_pages.pending`` (pre-Ampere page retirement waiting for a reset),
+        ``--query-remapped-rows=remapped_rows.pending,remapped_rows.failure`` (Ampere+ row
+        remapping waiting for a reset, or out of spare rows), and
+        ``ecc.errors.uncorrected.volatile.total`` (double-bit errors since the driver loaded).
+        NOT_SUPPORTED on any of them means the GPU has no such mechanism: nothing to report."""
+        reasons: list[str] = []
+        enabled = self.nvml.const("NVML_FEATURE_ENABLED", 1)
+        pending = self.nvml.call("nvmlDeviceGetRetiredPagesPendingStatus", h, not_supported=0)
+        if pending is not None and int(pending) == enabled:
+            reasons.append("retired ECC pages pending: reset the GPU to retire them")
+        rows = self.nvml.call("nvmlDeviceGetRemappedRows", h, not_supported=(0, 0, 0, 0))
+        if rows is not None:
+            _corr, _unc, is_pending, failure = rows
+            if failure:
+                reasons.append("row remapping failed: GPU is out of spare memory rows (replace it)")
+            elif is_pending:
+                reasons.append("row remapping pending: reset the GPU to apply it")
+        dbe = self.nvml.call(
+            "nvmlDeviceGetTotalEccErrors",
+            h,
+            self.nvml.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            self.nvml.const("NVML_VOLATILE_ECC", 0),
+            not_supported=0,
+        )
+        if dbe:
+            reasons.append(f"{int(dbe)} uncorrectable (double-bit) ECC errors since the driver loaded")
+        return reasons
+
+    def mig_enabled(self, h: Any) -> bool:
+        """Current MIG mode. nvidia-smi: ``--query-gpu=mig.mode.current``. NOT_SUPPORTED (a GPU
+        without MIG) and unknown both mean no MIG devices to report: False."""
+        value = self.nvml.call("nvmlDeviceGetMigMode", h, not_supported=(0, 0))
+        return bool(value) and int(value[0]) == self.nvml.const("NVML_DEVICE_MIG_ENABLE", 1)
+
+    def _gpu_instance_profiles(self, h: Any) -> list[Any]:
+        """Every GPU instance profile this GPU offers (``nvidia-smi mig -lgip``): NVML profile
+        info structs with ``id`` (the lgip "ID"), ``sliceCount``, ``memorySizeMB`` (MiB),
+        ``multiprocessorCount`` and ``name`` (``"MIG 3g.40gb"``)."""
+        count = self.nvml.const("NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12)
+        quiet = (self.nvml.const("NVML_ERROR_INVALID_ARGUMENT", 2),)
+        infos = []
+        for index in range(count):
+            info = self.nvml.call("nvmlDeviceGetGpuInstanceProfileInfo", h, index, quiet=quiet)
+            instances = getattr(info, "instanceCount", 1) if info is not None else 0
+            if instances:  # 0: the profile exists but this GPU cannot host it
+                infos.append(info)
+        return infos
+
+    def mig_devices(self, h: Any, parent_reasons: list[str]) -> list[MigDevice]:
+        """Every MIG device of a GPU in MIG mode. nvidia-smi: ``-L`` lists them with UUID and
+        profile; ``nvidia-smi`` shows memory and SMs. The profile comes from the GPU instance's
+        profile id (needs ``nvmlDeviceGetGpuInstanceById``, a privileged call on some drivers),
+        else from matching the device's slice count and memory against the profiles."""
+        profiles = self._gpu_instance_profiles(h)
+        by_id = {int(p.id): p for p in profiles}
+        slots = self.nvml.call("nvmlDeviceGetMaxMigDeviceCount", h) or 0
+        not_found = (self.nvml.const("NVML_ERROR_NOT_FOUND", 6), self.nvml.const("NVML_ERROR_INVALID_ARGUMENT", 2))
+        devices: list[MigDevice] = []
+        for slot in range(int(slots)):
+            mh = self.nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", h, slot, quiet=not_found)
+            if mh is None:
+                continue  # an empty slot
+            uuid = self.uuid(mh)
+            attrs = self.nvml.call("nvmlDeviceGetAttributes", mh)
+            profile = self._mig_profile(h, mh, attrs, by_id, profiles)
+            memory = int(attrs.memorySizeMB) if attrs is not None and attrs.memorySizeMB else None
+            if memory is None:
+                memory = self.memory_total_mib(mh)
+            sms = int(attrs.multiprocessorCount) if attrs is not None and attrs.multiprocessorCount else None
+            if uuid is None or profile is None or not memory:
+                parent_reasons.append(
+                    f"MIG device in slot {slot} could not be read completely "
+                    f"(uuid={uuid}, profile={profile}, memoryMiB={memory})"
+                )
+                continue
+            devices.append(MigDevice(uuid=uuid, profile=profile, memoryMiB=memory, multiprocessors=sms))
+        return devices
+
+    def _mig_profile(self, h: Any, mh: Any, attrs: Any, by_id: dict[int, Any], profiles: list[Any]) -> str | None:
+        gi_profile = None
+        gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
+        if gi_id is not None:
+            gi = self.nvml.call("nvmlDeviceGetGpuInstanceById", h, gi_id)
+            info = self.nvml.call("nvmlGpuInstanceGetInfo", gi) if gi is not None else None
+            if info is not None:
+                gi_profile = by_id.get(int(info.profileId))
+        if gi_profile is None and attrs is not None:
+            # Unprivileged fallback: the profile with this slice count and memory. "+me" variants
+            # (media extensions) have the same slices and memory; the plain profile is the common one.
+            matches = [
+                p for p in profiles
+                if int(p.sliceCount) == int(attrs.gpuInstanceSliceCount)
+                and int(p.memorySizeMB) == int(attrs.memorySizeMB)
+            ]
+            matches.sort(key=lambda p: "+" in _text(p.name))
+            gi_profile = matches[0] if matches else None
+        if gi_profile is None:
+            return None
+        name = _text(gi_profile.name).removeprefix("MIG ").strip()
+        if not name:
+            return None
+        if attrs is not None and 0 < int(attrs.computeInstanceSliceCount) < int(attrs.gpuInstanceSliceCount):
+            # A compute instance smaller than its GPU instance: nvidia-smi names it "1c.3g.40gb".
+            name = f"{int(attrs.computeInstanceSliceCount)}c.{name}"
+        return name
+
+    def nvlinks(self, h: Any) -> list[_Link]:
+        """Every active NVLink and what is at its other end. nvidia-smi: ``nvlink --status`` (active
+        links) and ``nvlink -R`` (remote device); ``topo -m`` summarizes them as ``NV#``.
+        NOT_SUPPORTED on link 0 means the GPU has no NVLink (GeForce RTX 4090)."""
+        nvml = self.nvml
+        max_links = nvml.const("NVML_NVLINK_MAX_LINKS", 18)
+        active = nvml.const("NVML_FEATURE_ENABLED", 1)
+        gpu_type = nvml.const("NVML_NVLINK_DEVICE_TYPE_GPU", 0)
+        switch_type = nvml.const("NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        unknown_type = nvml.const("NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF)
+        not_supported = nvml.const("NVML_ERROR_NOT_SUPPORTED", 3)
+        invalid = nvml.const("NVML_ERROR_INVALID_ARGUMENT", 2)
+        links: list[_Link] = []
+        for link in range(max_links):
+            state = nvml.invoke("nvmlDeviceGetNvLinkState", h, link)
+            if state.code in (not_supported, invalid):
+                if link == 0 or state.code == invalid:
+                    break  # no NVLink at all, or past this GPU's last link
+                continue
+            if not state.ok:
+                nvml.log_once("nvmlDeviceGetNvLinkState", state.reason)
+                continue
+            if int(state.value) != active:
+                continue
+            remote_type = nvml.call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            pci = nvml.call("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            bus = parse_bus_id(_text(pci.busId)) if pci is not None else None
+            if remote_type == switch_type:
+                kind: Literal["gpu", "switch", "unknown", "other"] = "switch"
+            elif remote_type == gpu_type:
+                kind = "gpu"
+            elif remote_type is None or remote_type == unknown_type:
+                kind = "unknown"
+            else:
+                kind = "other"  # e.g. an IBM NPU (POWER9): not a GPU peer
+            links.append(_Link(remote=kind, remote_bus=bus))
+        return links
+
+    # ---- assembly ---------------------------------------------------------------------------
+
+    def probe(self) -> NodeGPUInventory:
+        """Read every GPU now. Raises ``NVMLUnavailable`` (no driver) or ``ProbeError``."""
+        with self._probe_lock:
+            return self._probe()
+
+    def _probe(self) -> NodeGPUInventory:
+        self.nvml.ensure_initialized()
+        observed_at = self._clock()
+        count = self.nvml.call("nvmlDeviceGetCount")
+        if count is None:
+            raise ProbeError("NVML could not count the GPUs (nvmlDeviceGetCount failed; see log)")
+        raws: list[_RawGPU] = []
+        handles: dict[str, Any] = {}
+        for index in range(int(count)):
+            raw, handle = self._read_gpu(index)
+            raws.append(raw)
+            if handle is not None and raw.fields.get("uuid"):
+                handles[raw.fields["uuid"]] = handle
+        if self._xids is not None:
+            self._xids.watch(handles)
+            for raw in raws:
+                for xid in sorted(self._xids.critical.get(raw.fields.get("uuid", ""), ())):
+                    raw.reasons.append(f"critical XID {xid} reported since the agent started (reset or drain the GPU)")
+        _resolve_nvlinks(raws)
+        gpus = [_build_gpu(raw) for raw in raws]
+        return NodeGPUInventory.model_validate({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "nodeName": self.node_name,
+            "observedAt": observed_at,
+            "driverVersion": self.driver_version(),
+            "cudaDriverVersion": self.cuda_driver_version(),
+            "migStrategy": self.mig_strategy,
+            "gpus": gpus,
+        })
+
+    def _read_gpu(self, index: int) -> tuple[_RawGPU, Any]:
+        base: dict[str, Any] = {"index": index, "vendor": "nvidia"}
+        out = self.nvml.invoke("nvmlDeviceGetHandleByIndex", index)
+        if not out.ok:
+            self.nvml.log_once("nvmlDeviceGetHandleByIndex", out.reason)
+            return _RawGPU(base, [f"NVML cannot open GPU {index}: {out.reason}"]), None
+        h = out.value
+        raw = _RawGPU(base)
+        try:
+            self._fill(raw, h)
+        except Exception as e:  # one broken GPU must not take the node's inventory down
+            log.exception("reading GPU %d failed", index)
+            raw.reasons.append(f"agent error while reading GPU {index}: {e}")
+        return raw, h
+
+    def _fill(self, raw: _RawGPU, h: Any) -> None:
+        f = raw.fields
+        f["uuid"] = self.uuid(h)
+        f["name"] = self.name(h)
+        f["pciBusId"], f["pciDeviceId"], raw.bus = self.pci(h)
+        f["architecture"] = self.architecture(h)
+        cc = self.compute_capability(h)
+        f["computeCapability"] = f"{cc[0]}.{cc[1]}" if cc else None
+        f["memoryMiB"] = self.memory_total_mib(h)
+        cores = self.cuda_cores(h)
+        f["cudaCores"] = cores
+        f["multiprocessors"] = self.multiprocessors(h, cc, cores)
+        f["memoryBandwidthGBps"] = memory_bandwidth_gbps(self.memory_bus_width_bits(h), self.max_memory_clock_mhz(h))
+        f["eccEnabled"] = self.ecc_enabled(h)
+        f["powerLimitW"] = self.power_limit_w(h)
+        f["numaNode"] = self.numa_node(h, f["pciBusId"])
+        raw.reasons.extend(self.health_reasons(h))
+        f["migEnabled"] = self.mig_enabled(h)
+        f["migDevices"] = self.mig_devices(h, raw.reasons) if f["migEnabled"] else []
+        raw.links = self.nvlinks(h)
+
+
+def _resolve_nvlinks(raws: list[_RawGPU]) -> None:
+    """Turn each GPU's active links into ``nvlinks`` peers with link counts.
+
+    Direct links: the remote PCI bus id is matched against this node's GPUs (``nvidia-smi topo -m``
+    ``NV4`` between two GPUs = 4 links). NVSwitch systems (HGX/DGX A100 and H100): every link ends
+    at a switch, the switches connect every GPU to every other, so each GPU that also reaches the
+    switches is a peer with ``min(own switch links, peer's switch links)`` links, the narrower side
+    limiting the pair (topo -m shows ``NV12`` on A100, ``NV18`` on H100). A link whose remote NVML
+    cannot identify (type unknown, bus not one of our GPUs, as in VMs where the switches are
+    hidden) counts as a switch link, as NCCL assumes (NVIDIA/nccl#1182).
+    """
+    by_bus = {raw.bus: raw.fields.get("uuid") for raw in raws if raw.bus and raw.fields.get("uuid")}
+    switch_links: dict[str, int] = {}
+    direct: dict[str, dict[str, int]] = {}
+    for raw in raws:
+        uuid = raw.fields.get("uuid")
+        if not uuid:
+            continue
+        for link in raw.links:
+            peer = by_bus.get(link.remote_bus) if link.remote_bus else None
+            if peer is not None and peer != uuid and link.remote in ("gpu", "unknown"):
+                direct.setdefault(uuid, defaultdict(int))[peer] += 1
+            elif link.remote in ("switch", "unknown"):
+                switch_links[uuid] = switch_links.get(uuid, 0) + 1
+    order = {r.fields.get("uuid"): r.fields["index"] for r in raws}
+    for raw in raws:
+        uuid = raw.fields.get("uuid")
+        if not uuid:
+            raw.fields["nvlinks"] = []
+            continue
+        peers: dict[str, int] = dict(direct.get(uuid, {}))
+        if uuid in switch_links:
+            for other, n in switch_links.items():
+                if other != uuid:
+                    peers[other] = peers.get(other, 0) + min(switch_links[uuid], n)
+        raw.fields["nvlinks"] = [
+            NVLinkPeer(peerUuid=peer, links=n) for peer, n in sorted(peers.items(), key=lambda kv: order.get(kv[0], 0))
+        ]
+
+
+def _build_gpu(raw: _RawGPU) -> GPU:
+    """The contract's GPU; required fields that could not be read become placeholders and the GPU
+    is unhealthy with the reason, so the node's GPU count stays right."""
+    f = {k: v for k, v in raw.fields.items() if v is not None}
+    reasons = list(raw.reasons)
+    index = f["index"]
+    if not f.get("uuid"):
+        f["uuid"] = f"GPU-unreadable-index-{index}"
+        reasons.append("UUID could not be read")
+    if not f.get("name"):
+        f["name"] = "unknown NVIDIA GPU"
+        reasons.append("name could not be read")
+    if not f.get("memoryMiB"):
+        f["memoryMiB"] = PLACEHOLDER_MEMORY_MIB
+        reasons.append("memory size could not be read")
+    # Keep reasons unique and in order: a problem seen twice is still one problem.
+    reasons = list(dict.fromkeys(reasons))
+    f["healthReasons"] = reasons
+    f["healthy"] = not reasons
+    return GPU.model_validate(f)
+
+
+class _XidWatcher:
+    """Critical XID events (``nvmlEventTypeXidCriticalError``) since the agent started.
+
+    The GPUs are registered once on an NVML event set; every probe drains it with a zero timeout
+    (``nvmlEventSetWait(set, 0)`` returns NVML_ERROR_TIMEOUT when nothing is queued), so a probe
+    never blocks on events. XIDs are kept for the agent's lifetime: a critical XID (48 double-bit
+    ECC, 79 fallen off the bus...) needs a GPU reset, which also restarts this agent's view.
+    Application XIDs (``APPLICATION_XIDS``) are ignored. Where the driver refuses the
+    registration (NOT_SUPPORTED, e.g. some vGPU guests) XIDs are simply not watched, logged once.
+    """
+
+    MAX_EVENTS_PER_PROBE = 1024  # bound the drain loop even if a GPU floods events
+
+    def __init__(self, nvml: NVMLSession) -> None:
+        self._nvml = nvml
+        self._set: Any = None
+        self._registered: set[str] = set()
+        self._failed = False
+        self.critical: dict[str, set[int]] = {}
+
+    def watch(self, handles: dict[str, Any]) -> None:
+        nvml = self._nvml
+        if self._failed:
+            return
+        if self._set is None:
+            self._set = nvml.call("nvmlEventSetCreate")
+            if self._set is None:
+                self._failed = True
+                return
+        event = nvml.const("nvmlEventTypeXidCriticalError", 0x8)
+        for uuid, h in handles.items():
+            if uuid in self._registered:
+                continue
+            nvml.call("nvmlDeviceRegisterEvents", h, event, self._set)
+            self._registered.add(uuid)  # tried once; a refusal was logged once by call()
+        timeout = nvml.const("NVML_ERROR_TIMEOUT", 10)
+        for _ in range(self.MAX_EVENTS_PER_PROBE):
+            out = nvml.invoke("nvmlEventSetWait", self._set, 0)
+            if out.code == timeout:
+                return
+            if not out.ok:
+                nvml.log_once("nvmlEventSetWait", out.reason)
+                return
+            data = out.value
+            if int(data.eventType) != event or int(data.eventData) in APPLICATION_XIDS:
+                continue
+            uuid = nvml.call("nvmlDeviceGetUUID", data.device)
+            if uuid is not None:
+                xid = int(data.eventData)
+                log.warning("GPU %s reported critical XID %d", _text(uuid), xid)
+                self.critical.setdefault(_text(uuid), set()).add(xid)
+
+
+def unavailable_inventory(node_name: str, mig_strategy: MigStrategy, now: dt.datetime | None = None) -> NodeGPUInventory:
+    """The inventory of a node whose driver is unusable, for ``--keep-running-without-driver``:
+    zero GPUs, so the extender sees the node and places no GPU work on it."""
+    return NodeGPUInventory.model_validate({
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "nodeName": node_name,
+        "observedAt": now or dt.datetime.now(dt.timezone.utc),
+        "migStrategy": mig_strategy,
+        "gpus": [],
+    })
+
+
+__all__ = [
+    "APPLICATION_XIDS",
+    "CORES_PER_SM",
+    "NVMLProbe",
+    "NVMLSession",
+    "NVMLUnavailable",
+    "PLACEHOLDER_MEMORY_MIB",
+    "ProbeError",
+    "format_bus_id",
+    "memory_bandwidth_gbps",
+    "parse_bus_id",
+    "sysfs_numa_node",
+    "unavailable_inventory",
+]

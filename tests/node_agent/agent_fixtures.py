@@ -1,0 +1,49 @@
+"""Shared helpers for the node agent tests: the published-output NVML fixtures and probes on them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from node_agent.fake_nvml import FakeNVML, Fixture
+from node_agent.inventory import NodeGPUInventory
+from node_agent.nvml import NVMLProbe
+
+NVML_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+A100_NVSWITCH = NVML_FIXTURES / "a100-sxm4-80gb-x8-nvswitch.yaml"
+A100_MIG = NVML_FIXTURES / "a100-80gb-pcie-mig-2x3g.40gb.yaml"
+H100_NVSWITCH = NVML_FIXTURES / "h100-sxm5-80gb-x8-nvswitch.yaml"
+RTX4090 = NVML_FIXTURES / "rtx4090-no-nvlink.yaml"
+
+FIXED_NOW = dt.datetime(2026, 11, 21, 8, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def fixture_data(path: Path) -> dict[str, Any]:
+    """The fixture as plain data, to change a field before building the fake."""
+    return yaml.safe_load(path.read_text())
+
+
+def fake_from(data: dict[str, Any]) -> FakeNVML:
+    return FakeNVML(Fixture.model_validate(data), source="test")
+
+
+def probe_of(fake: FakeNVML, **kwargs: Any) -> NVMLProbe:
+    kwargs.setdefault("node_name", "gpu-node-0")
+    kwargs.setdefault("numa_lookup", fake.numa_affinity)
+    kwargs.setdefault("clock", lambda: FIXED_NOW)
+    return NVMLProbe(fake, **kwargs)
+
+
+@pytest.fixture
+def inventory_of() -> Callable[..., NodeGPUInventory]:
+    """inventory_of(path_or_data, **probe_kwargs): probe a fixture once."""
+
+    def run(source: Path | dict[str, Any], **kwargs: Any) -> NodeGPUInventory:
+        data = fixture_data(source) if isinstance(source, Path) else source
+        return probe_of(fake_from(data), **kwargs).probe()
+
+    return run
