@@ -78,3 +78,29 @@ def test_a_freed_gpu_node_takes_a_waiting_8_gpu_pod(api, gpu_cluster):
     create_pods(api, [manifest])
     placed = wait_placements(api, ["llm-13b-fsdp-train-2"], timeout=60)
     assert placed["llm-13b-fsdp-train-2"] == "gpu-a100-80g-0"
+
+
+def test_full_node_list_mode_places_and_rejects_like_node_cache_mode(api, control_plane, gpu_cluster):
+    """kube-scheduler with ``nodeCacheCapable: false`` sends whole Nodes and expects Nodes back."""
+    from tests.harness.controlplane import ExtenderSpec, SchedulerSpec
+
+    _, extender = gpu_cluster
+    control_plane.add_scheduler(SchedulerSpec(
+        name="gpuplace-nodelist", extender=ExtenderSpec(url_prefix=extender.url, node_cache_capable=False)))
+    try:
+        manifests = {m["metadata"]["name"]: m for m in load_pod_manifests(ROOT / "examples" / "pods")}
+
+        def variant(name, new_name):
+            m = manifests[name]
+            return {**m, "metadata": {**m["metadata"], "name": new_name},
+                    "spec": {**m["spec"], "schedulerName": "gpuplace-nodelist"}}
+
+        create_pods(api, [variant("llm-13b-inference", "nodelist-13b"), variant("impossible-200gi", "nodelist-200gi")])
+        placed = wait_placements(api, ["nodelist-13b", "nodelist-200gi"], timeout=60, settle_pending=5)
+        assert placed["nodelist-13b"] in {"gpu-a100-mig-0", "gpu-a6000-0"}
+        assert placed["nodelist-200gi"] is None
+        msg = wait_for(lambda: next((m for m in pod_events(api, "default", "nodelist-200gi") if "VRAM" in m), None),
+                       30, interval=0.5, message="no VRAM reason recorded in full-NodeList mode")
+        assert "200 GiB needed (gpuplace.io/vram)" in msg
+    finally:
+        control_plane.stop_scheduler("gpuplace-nodelist")
