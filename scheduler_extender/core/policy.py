@@ -242,9 +242,9 @@ class PolicyError(ValueError):
 def _format(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(document)"
+        path = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}")
+        lines.append(f"{path}: {msg}" if path else msg)  # cross-field errors carry their own path
     return "; ".join(lines)
 
 
