@@ -688,6 +688,35 @@ class ControlPlane:
     ) -> None:
         self.stop()
 
+    def restart_apiserver(
+        self, down_seconds: float, while_down: Callable[[], None] | None = None
+    ) -> float:
+        """Stop kube-apiserver, keep it down ``down_seconds``, start it again; return the outage.
+
+        Why: clients (the node agent, the extender, kube-scheduler) must survive an API
+        server that goes away and comes back, as it does during a control-plane upgrade.
+        The same process arguments are reused, so port, certificates and token, and hence
+        :attr:`kubeconfig_path`, keep working; etcd keeps running, so no state is lost.
+        ``while_down`` (if given) runs once the server is stopped, before the wait, e.g.
+        to change what an agent will report. Returns the seconds from the stop until
+        ``/readyz`` answered 200 again.
+        """
+        if self._apiserver is None or self._ca_path is None:
+            raise RuntimeError("start() the control plane before restarting the apiserver")
+        t0 = time.monotonic()
+        self._apiserver.stop()
+        if while_down is not None:
+            while_down()
+        time.sleep(max(0.0, down_seconds - (time.monotonic() - t0)))
+        self._apiserver.start()
+        ctx = ssl.create_default_context(cafile=str(self._ca_path))
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
+        self._apiserver.wait_healthy(
+            lambda: _http_ok(f"{self.api_url}/readyz", context=ctx, headers=headers),
+            self.start_timeout,
+        )
+        return time.monotonic() - t0
+
     # -- schedulers ---------------------------------------------------------------------
 
     def add_scheduler(self, spec: SchedulerSpec, timeout: float | None = None) -> int:
