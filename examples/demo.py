@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {kubectl} --kubeconfig {cp.kubeconfig_path} get pods -o wide")
         if pending:
             print(f"  {kubectl} --kubeconfig {cp.kubeconfig_path} describe pod {pending[0]}")
-        print(f"  gpuplace explain examples/pods/03-llm-13b-inference.yaml --inventory-dir examples/cluster")
+        print("  gpuplace explain examples/pods/03-llm-13b-inference.yaml --inventory-dir examples/cluster")
         if args.keep:
             print("\n== cluster kept running; Ctrl-C stops it")
             try:

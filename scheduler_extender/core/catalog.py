@@ -20,9 +20,6 @@ Vendor = Literal["nvidia", "amd"]
 Tier = Literal["premium", "datacenter", "workstation", "consumer", "legacy"]
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"]
 
-TIER_RANK: dict[str, int] = {"consumer": 0, "legacy": 1, "workstation": 2, "datacenter": 3, "premium": 4}
-"""Order of cost tiers, cheapest first (used only to break ties and to explain)."""
-
 
 class MigProfile(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)

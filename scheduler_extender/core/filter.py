@@ -15,11 +15,10 @@ Failures a pod can never overcome on the node (wrong model, too little VRAM, no 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
-from itertools import combinations
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, Unit
+from scheduler_extender.core.devices import NodeState, NodeView, Unit
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
@@ -398,8 +397,3 @@ def choose_units(free: Sequence[Unit], n: int, *, nvlink_required: bool = False,
     if len(ordered) < n:
         return None
     return tuple(ordered[:n])
-
-
-def filter_nodes(job: Job, states: Iterable[NodeState], policy: Policy,
-                 catalog_tokens: Callable[[str], frozenset[str]], now: dt.datetime | None = None) -> list[NodeResult]:
-    return [filter_node(job, s, policy, catalog_tokens, now) for s in states]

@@ -23,9 +23,6 @@ from scheduler_extender.core.catalog import Catalog, CatalogEntry, Tier, Unknown
 from scheduler_extender.core.estimate import EstimatorSettings
 from scheduler_extender.core.quantity import GIB, GB
 
-WORKLOADS = ("training", "finetune-lora", "inference")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)

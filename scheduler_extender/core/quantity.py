@@ -62,17 +62,9 @@ def parse_count(text: str | int | float) -> int:
     return int(value)
 
 
-def gib(num_bytes: float) -> float:
-    return num_bytes / GIB
-
-
 def fmt_gib(num_bytes: float) -> str:
     """``32.5e9`` -> ``'30.3 GiB'``; whole values print without decimals (``'24 GiB'``)."""
     value = num_bytes / GIB
     if abs(value - round(value)) < 0.05:
         return f"{round(value)} GiB"
     return f"{value:.1f} GiB"
-
-
-def mib_to_bytes(mib: int | float) -> int:
-    return int(mib * MIB)

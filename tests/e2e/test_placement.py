@@ -4,7 +4,6 @@ example pods on the example cluster, whose inventories gpuplace-agent publishes 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from kubernetes import client as k8s

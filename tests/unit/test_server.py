@@ -1,7 +1,6 @@
 """The extender's HTTP API: wire format against upstream encodings, acceptance scenarios, bad input."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
