@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 from scheduler_extender.core.catalog import Catalog, default_catalog
@@ -40,13 +39,12 @@ class Engine:
     def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
-        self._tokens = lru_cache(maxsize=1024)(self.catalog.resolve_token)
 
     def job(self, pod: Mapping[str, Any]) -> Job:
         return resolve_job(pod, self.policy, self.catalog)
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
-        return [filter_node(job, s, self.policy, self._tokens, now) for s in states]
+        return [filter_node(job, s, self.policy, now) for s in states]
 
     def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult]) -> dict[str, NodeScore]:
         passed = [(s, r) for s, r in zip(states, results) if r.passed]

@@ -108,7 +108,7 @@ def check_model_allowed(unit: Unit, job: Job) -> str | None:
     return None
 
 
-def check_class_allowed(unit: Unit, job: Job, catalog_tokens: Callable[[str], frozenset[str]]) -> str | None:
+def check_class_allowed(unit: Unit, job: Job) -> str | None:
     """The size class's models (full GPUs) and MIG profiles, from the policy."""
     cls = job.size_class
     if unit.kind == "mig":
@@ -118,14 +118,10 @@ def check_class_allowed(unit: Unit, job: Job, catalog_tokens: Callable[[str], fr
             return f"MIG profile {unit.mig_profile} not allowed for class {cls.name} (policy)"
         return None
     model_id = unit.entry.id if unit.entry else None
-    if cls.allowed_models:
-        allowed = frozenset().union(*(catalog_tokens(t) for t in cls.allowed_models))
-        if model_id not in allowed:
-            return f"{unit.model} not allowed for class {cls.name} (policy allowedModels)"
-    if cls.denied_models and model_id is not None:
-        denied = frozenset().union(*(catalog_tokens(t) for t in cls.denied_models))
-        if model_id in denied:
-            return f"{unit.model} is kept for larger jobs; this pod is class {cls.name} (policy deniedModels)"
+    if job.class_allowed_models is not None and model_id not in job.class_allowed_models:
+        return f"{unit.model} not allowed for class {cls.name} (policy allowedModels)"
+    if model_id is not None and model_id in job.class_denied_models:
+        return f"{unit.model} is kept for larger jobs; this pod is class {cls.name} (policy deniedModels)"
     return None
 
 
@@ -285,15 +281,13 @@ def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
 
 # ---- composition ------------------------------------------------------------------------------
 
-def filter_node(job: Job, state: NodeState, policy: Policy, catalog_tokens: Callable[[str], frozenset[str]],
-                now: dt.datetime | None = None) -> NodeResult:
+def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None) -> NodeResult:
     """Decide whether ``job`` can run on the node now, and on which units.
 
     Args:
         job: the resolved pod.
         state: the node's inventory view and allocations.
         policy: the running policy.
-        catalog_tokens: resolves policy model tokens to catalog ids (``Catalog.resolve_token``).
         now: current time for the staleness check; None skips it.
 
     Returns:
@@ -327,7 +321,7 @@ def filter_node(job: Job, state: NodeState, policy: Policy, catalog_tokens: Call
         (C_HEALTHY, check_healthy),
         (C_RUNTIME, check_runtime),
         (C_MODEL, check_model_allowed),
-        (C_CLASS, lambda u, j: check_class_allowed(u, j, catalog_tokens)),
+        (C_CLASS, check_class_allowed),
         (C_CC, check_compute_capability),
         (C_VRAM, check_vram),
         (C_ECC, check_ecc),

@@ -25,6 +25,8 @@ class Job:
     vram: VramEstimate | None
     size_class: SizeClass
     class_reason: str
+    class_allowed_models: frozenset[str] | None = None  # catalog ids; None: any model
+    class_denied_models: frozenset[str] = frozenset()
 
     @property
     def errors(self):  # noqa: ANN201 - tuple of AnnotationError
@@ -73,4 +75,11 @@ def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog) -> Job
             requires=req.require,
         )
     assert size_class is not None  # validated: every class reference exists
-    return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why)
+
+    def ids(tokens: list[str]) -> frozenset[str]:
+        # Tokens were checked against the catalog when the policy was loaded.
+        return frozenset().union(*(catalog.resolve_token(t) for t in tokens))
+
+    return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why,
+               class_allowed_models=ids(size_class.allowed_models) if size_class.allowed_models else None,
+               class_denied_models=ids(size_class.denied_models))
