@@ -139,14 +139,20 @@ class InventoryError(ValueError):
     """An inventory document that is not a valid NodeGPUInventory; the message names the field."""
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError, max_errors: int | None = 5) -> str:
+    """'field.path: message; ...' for each error of a pydantic ValidationError.
+
+    Cross-field errors (raised by model validators) have no location and carry their own path in
+    the message; pydantic's "Value error, " prefix is dropped. At most ``max_errors`` are listed.
+    """
+    errors = err.errors()
     parts = []
-    for e in err.errors()[:5]:
-        path = ".".join(str(p) for p in e["loc"]) or "(document)"
-        parts.append(f"{path}: {e['msg']}")
-    more = len(err.errors()) - 5
-    if more > 0:
-        parts.append(f"... and {more} more")
+    for e in errors[:max_errors]:
+        path = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{path}: {msg}" if path else msg)
+    if max_errors is not None and len(errors) > max_errors:
+        parts.append(f"... and {len(errors) - max_errors} more")
     return "; ".join(parts)
 
 
@@ -183,7 +189,7 @@ def parse_inventory(data: str | bytes | dict[str, Any], *, source: str = "invent
     try:
         return NodeGPUInventory.model_validate(decoded)
     except ValidationError as e:
-        raise InventoryError(f"{source}: {_format_validation_error(e)}") from e
+        raise InventoryError(f"{source}: {format_validation_error(e)}") from e
 
 
 def json_schema() -> dict[str, Any]:

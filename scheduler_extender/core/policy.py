@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from node_agent.inventory import format_validation_error
 from scheduler_extender.core.catalog import Catalog, CatalogEntry, Tier, UnknownModelError, default_catalog
 from scheduler_extender.core.estimate import EstimatorSettings
 from scheduler_extender.core.quantity import GIB, GB
@@ -236,15 +237,6 @@ class PolicyError(ValueError):
     """A policy document that fails validation; the message names each field path."""
 
 
-def _format(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}" if path else msg)  # cross-field errors carry their own path
-    return "; ".join(lines)
-
-
 def parse_policy(data: str | dict[str, Any], *, source: str = "policy", catalog: Catalog | None = None) -> Policy:
     """Validate a policy from YAML text or a decoded mapping.
 
@@ -262,7 +254,7 @@ def parse_policy(data: str | dict[str, Any], *, source: str = "policy", catalog:
     try:
         return Policy.model_validate(data, context={"catalog": catalog or default_catalog()})
     except ValidationError as e:
-        raise PolicyError(f"{source}: {_format(e)}") from e
+        raise PolicyError(f"{source}: {format_validation_error(e, max_errors=None)}") from e
 
 
 def load_policy(path: str | None) -> Policy:
