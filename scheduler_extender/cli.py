@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "an invalid change is rejected and the running policy kept")
     p.add_argument("--policy-poll-seconds", type=float, default=5.0,
                    help="how often to check --policy for changes (default: 5)")
+    p.add_argument("--policy-configmap", metavar="NAMESPACE/NAME",
+                   help="cluster mode: read the policy from this ConfigMap through the API and watch it; a valid "
+                        "edit applies at once, an invalid one is rejected (log line, metric, Event "
+                        "PolicyRejected on the ConfigMap) and the running policy kept. Needs get/list/watch on "
+                        "that ConfigMap and create on events. Excludes --policy")
+    p.add_argument("--policy-configmap-key", default="policy.yaml", metavar="KEY",
+                   help="data key of --policy-configmap holding the policy YAML (default: policy.yaml)")
     p.add_argument("--log-level", default=os.environ.get("GPUPLACE_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="log level (default: info)")
     return p
@@ -78,10 +86,10 @@ class PolicyWatcher:
             policy = load_policy(self.path)
         except PolicyError as e:
             log.error("policy change rejected, keeping the running policy: %s", e)
-            self.metrics.policy_reloads.labels("rejected").inc()
+            self.metrics.policy.record("rejected")
             return False
         self.service.engine = Engine(policy, self.service.engine.catalog)
-        self.metrics.policy_reloads.labels("applied").inc()
+        self.metrics.policy.record("applied")
         log.info("policy reloaded from %s", self.path)
         return True
 
@@ -93,8 +101,44 @@ class PolicyWatcher:
         threading.Thread(target=self.run, name="policy-watch", daemon=True).start()
 
 
+def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics) -> Any:
+    """Watch unbound GPU pods for the pending-pods gauges (a third watcher beside nodes and pods)."""
+    from scheduler_extender.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
+    from scheduler_extender.watch import ResourceWatcher
+    from kubernetes import client
+    pending = PendingGpuPods()
+    pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
+    w = ResourceWatcher("pending-pods", pods, pending, cluster_watch.stop_event,  # type: ignore[arg-type]
+                        field_selector=PENDING_FIELD_SELECTOR, on_relist=lambda kind: metrics.relists.labels(kind).inc())
+    threading.Thread(target=w.run, name="watch-pending-pods", daemon=True).start()
+    return pending
+
+
+def _register_cluster_collector(metrics: ExtenderMetrics, source: Any, pending: Any) -> None:
+    from scheduler_extender.cluster_metrics import ClusterStateCollector
+    metrics.registry.register(ClusterStateCollector(source, pending))
+
+
+def _policy_configmap_watcher(args: argparse.Namespace, metrics: ExtenderMetrics, catalog: Any) -> Any:
+    """The ConfigMap watcher with its first policy loaded, or None (after printing why)."""
+    from kubernetes import client
+
+    from scheduler_extender.policy_configmap import PolicyConfigMapError, PolicyConfigMapWatcher, parse_ref
+    try:
+        ns, name = parse_ref(args.policy_configmap)
+        w = PolicyConfigMapWatcher(client.ApiClient(), ns, name, args.policy_configmap_key, metrics, catalog)
+        w.load_initial()
+    except (ValueError, PolicyConfigMapError) as e:
+        print(f"gpuplace-extender: invalid policy: {e}", file=sys.stderr)
+        return None
+    return w
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.policy_configmap and (args.policy or args.inventory_dir):
+        parser.error("--policy-configmap reads the policy from the cluster: it excludes --policy and --inventory-dir")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = load_policy(args.policy)
@@ -136,8 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         source = ClusterSource(cache, catalog)
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
         watch.start()
+        pending = _start_pending_watch(watch, metrics)
+        if args.policy_configmap:
+            policy_watcher = _policy_configmap_watcher(args, metrics, catalog)
+            if policy_watcher is None:
+                return 2
+            engine = Engine(policy_watcher.policy, catalog)
 
     service = ExtenderService(engine, source, metrics)
+    _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
+    if args.policy_configmap:
+        from scheduler_extender.policy_configmap import engine_swapper
+        policy_watcher.start(engine_swapper(service))
     if args.policy:
         PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()
 

@@ -48,3 +48,57 @@ class ExtenderMetrics:
         self.policy_reloads = Counter(
             "gpuplace_extender_policy_reloads_total", "Policy reload attempts by result (applied, rejected).",
             ["result"], registry=r)
+        self.quality = PlacementQualityMetrics(r)
+        self.policy = PolicyReloadMetrics(self.policy_reloads, r)
+
+
+# ---- additions for the Helm chart's dashboard and alerts (issue 4) ------------------------------
+
+VRAM_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+"""Estimated VRAM per GPU / VRAM of the GPU (or MIG device) the pod would get; 1.0 = exactly full."""
+
+GPU_MEMORY_BUCKETS = tuple(float(g * 2**30) for g in (4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 141, 192))
+"""Bytes; the VRAM sizes of common GPUs and MIG devices (10 GB MIG slice ... 192 GB MI300X)."""
+
+
+class PlacementQualityMetrics:
+    """Estimated versus granted VRAM and failed nodes by resolvability, on an extender registry.
+
+    Separate from :class:`ExtenderMetrics` so that adding them changes none of its series.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.granted_memory = Histogram(
+            "gpuplace_extender_granted_gpu_memory_bytes",
+            "VRAM of the GPU or MIG device the best-scored placement would give the pod, by size class.",
+            ["size_class"], buckets=GPU_MEMORY_BUCKETS, registry=registry)
+        self.vram_fit = Histogram(
+            "gpuplace_extender_vram_estimate_ratio",
+            "Estimated VRAM per GPU divided by the VRAM of the granted GPU or MIG device, by size class.",
+            ["size_class"], buckets=VRAM_RATIO_BUCKETS, registry=registry)
+        self.failed_nodes = Counter(
+            "gpuplace_extender_failed_nodes_total",
+            "Nodes the filter rejected, by whether preemption could help (resolvable true/false).",
+            ["resolvable"], registry=registry)
+
+
+class PolicyReloadMetrics:
+    """Policy reloads: results, the generation in force and when each result last happened."""
+
+    def __init__(self, reloads: Counter, registry: CollectorRegistry) -> None:
+        self.reloads = reloads
+        self.generation = Gauge(
+            "gpuplace_extender_policy_generation",
+            "Number of policies applied since start (1 = the policy loaded at start).", registry=registry)
+        self.last_reload = Gauge(
+            "gpuplace_extender_policy_last_reload_timestamp_seconds",
+            "Unix time of the last policy reload attempt by result (applied, rejected).",
+            ["result"], registry=registry)
+        self.generation.set(1)
+
+    def record(self, result: str) -> None:
+        """Count a reload attempt; ``result`` is ``applied`` or ``rejected``."""
+        self.reloads.labels(result).inc()
+        self.last_reload.labels(result).set_to_current_time()
+        if result == "applied":
+            self.generation.inc()

@@ -63,6 +63,8 @@ class ExtenderService:
         for r in results:
             for rej in r.rejections:
                 m.rejections.labels(rej.criterion).inc()
+            if not r.passed and not r.untouched:
+                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc()
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
                      "; ".join(f"{r.node}: {r.reason}" for r in results[:5]) + (" ..." if len(results) > 5 else ""))
@@ -77,6 +79,13 @@ class ExtenderService:
             body["NodeNames"] = None
         return body
 
+    def _observe_fit(self, job: Any, granted_bytes: int) -> None:
+        """Estimated versus granted VRAM of the best placement (dashboard: "VRAM estimate vs GPU size")."""
+        q = self.metrics.quality
+        q.granted_memory.labels(job.size_class.name).observe(granted_bytes)
+        if job.vram is not None and granted_bytes > 0:
+            q.vram_fit.labels(job.size_class.name).observe(job.vram.bytes_per_gpu / granted_bytes)
+
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         engine, job, names, results, states = self._decide(args)
         scores = engine.score(job, states, results)
@@ -86,6 +95,8 @@ class ExtenderService:
             unit = by_node[best.node].chosen[0] if by_node[best.node].chosen else None
             model = unit.entry.id if unit is not None and unit.entry else "unknown"
             self.metrics.placements.labels(model, job.size_class.name).inc()
+            if unit is not None:
+                self._observe_fit(job, unit.memory_bytes)
         return [{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names]
 
 

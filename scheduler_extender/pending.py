@@ -1,0 +1,77 @@
+"""GPU pods that wait for a node: unbound pods that request GPUs, kept for the pending-pods gauges.
+
+Fed by its own list/watch (``ResourceWatcher`` with field selector :data:`PENDING_FIELD_SELECTOR`)
+so that the placement cache stays limited to bound pods. A pod leaves the selector when it is bound
+or finishes, and then arrives as DELETED. Pure state, thread-safe; no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from scheduler_extender.cache import CacheStats
+from scheduler_extender.core.requirements import pod_gpu_requests
+
+PENDING_FIELD_SELECTOR = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    requests: Mapping[str, int]
+    created: dt.datetime | None
+
+
+def _created(meta: Mapping[str, Any]) -> dt.datetime | None:
+    stamp = meta.get("creationTimestamp")
+    if not stamp:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None  # unknown stays unknown
+
+
+class PendingGpuPods:
+    """Unbound pods requesting GPUs, by uid. Quacks like the pod half of ``ClusterCache`` for
+    ``ResourceWatcher`` (``replace_pods``, ``apply_pod_event``, ``pods_synced``, ``stats``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, PendingPod] = {}
+        self.pods_synced = False
+        self.nodes_synced = True  # not ours; ResourceWatcher only touches pods_synced for pods
+        self.stats = CacheStats()
+
+    @staticmethod
+    def _key(meta: Mapping[str, Any]) -> str:
+        return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+    def _set(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        requests, _ = pod_gpu_requests(obj)
+        if (obj.get("spec") or {}).get("nodeName") or not requests:
+            self._pods.pop(self._key(meta), None)
+            return
+        self._pods[self._key(meta)] = PendingPod(requests, _created(meta))
+
+    def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.stats.pod_events += 1
+            if event_type == "DELETED":
+                self._pods.pop(self._key(obj.get("metadata") or {}), None)
+            else:
+                self._set(obj)
+
+    def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._pods.clear()
+            for obj in objs:
+                self._set(obj)
+            self.pods_synced = True
+
+    def snapshot(self) -> list[PendingPod]:
+        with self._lock:
+            return list(self._pods.values())
