@@ -104,7 +104,7 @@ case "$what" in
   k8s) build_k8s ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd; build_k8s ;;
+  all) build_etcd; build_k8s; build_helm ;;
   *) echo "usage: $0 [all|k8s|etcd|helm]" >&2; exit 2 ;;
 esac
 echo "$BIN"

@@ -31,7 +31,8 @@ class ExtenderMetrics:
             ["criterion"], registry=r)
         self.placements = Counter(
             "gpuplace_extender_placements_total",
-            "Best-scored placements at prioritize time, by GPU model and size class.",
+            "Placements by GPU model and size class: the best-scored node at prioritize time, or the only "
+            "node that passed the filter (kube-scheduler then skips prioritize).",
             ["model", "size_class"], registry=r)
         self.vram_estimate = Histogram(
             "gpuplace_extender_vram_estimate_bytes", "VRAM needed per GPU by filtered pods.",

@@ -65,6 +65,9 @@ class ExtenderService:
                 m.rejections.labels(rej.criterion).inc()
             if not r.passed and not r.untouched:
                 m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc()
+        if len(passing) == 1 and not job.errors and not results[0].untouched:
+            # kube-scheduler skips prioritize when one node is feasible: this is the placement
+            self._count_placement(job, next(r for r in results if r.passed))
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
                      "; ".join(f"{r.node}: {r.reason}" for r in results[:5]) + (" ..." if len(results) > 5 else ""))
@@ -79,6 +82,14 @@ class ExtenderService:
             body["NodeNames"] = None
         return body
 
+    def _count_placement(self, job: Any, result: NodeResult) -> None:
+        """Count where the pod goes: by the chosen unit's catalog model and the pod's size class."""
+        unit = result.chosen[0] if result.chosen else None
+        model = unit.entry.id if unit is not None and unit.entry else "unknown"
+        self.metrics.placements.labels(model, job.size_class.name).inc()
+        if unit is not None:
+            self._observe_fit(job, unit.memory_bytes)
+
     def _observe_fit(self, job: Any, granted_bytes: int) -> None:
         """Estimated versus granted VRAM of the best placement (dashboard: "VRAM estimate vs GPU size")."""
         q = self.metrics.quality
@@ -92,11 +103,7 @@ class ExtenderService:
         best = max(scores.values(), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
             by_node = {r.node: r for r in results}
-            unit = by_node[best.node].chosen[0] if by_node[best.node].chosen else None
-            model = unit.entry.id if unit is not None and unit.entry else "unknown"
-            self.metrics.placements.labels(model, job.size_class.name).inc()
-            if unit is not None:
-                self._observe_fit(job, unit.memory_bytes)
+            self._count_placement(job, by_node[best.node])
         return [{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names]
 
 

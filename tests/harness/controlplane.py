@@ -39,6 +39,7 @@ import ctypes
 import datetime as dt
 import fcntl
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -75,6 +76,7 @@ __all__ = [
     "SchedulerSpec",
     "create_node",
     "ensure_binaries",
+    "ensure_helm",
     "free_port",
     "pod_events",
     "wait_for",
@@ -282,6 +284,24 @@ def ensure_binaries(*, echo: bool = True) -> Binaries:
     return binaries
 
 
+HELM_VERSION = os.environ.get("HELM_VERSION", "v3.19.5")
+
+
+def ensure_helm() -> Path:
+    """Build (or find cached) Helm with ``hack/build-control-plane.sh helm``; return its path.
+
+    Raises :class:`BinariesError` if the build fails or the binary is missing.
+    """
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "helm"], cwd=REPO_ROOT, capture_output=True, text=True)
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise BinariesError(f"{BUILD_SCRIPT} helm failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    helm = Path(lines[-1]) / f"helm-{HELM_VERSION}" / "helm"
+    if not os.access(helm, os.X_OK):
+        raise BinariesError(f"build script succeeded but {helm} is missing")
+    return helm
+
+
 # --------------------------------------------------------------------------------------
 # Scheduler configuration
 # --------------------------------------------------------------------------------------
@@ -345,9 +365,16 @@ class SchedulerSpec:
     qps: float = 500
     burst: int = 1000
     extra_args: tuple[str, ...] = ()
+    #: A complete KubeSchedulerConfiguration to run instead of the generated one (e.g. the one a
+    #: Helm chart rendered); only ``clientConnection.kubeconfig`` is replaced by the control plane's.
+    config: Mapping[str, Any] | None = None
 
     def to_config(self, kubeconfig: Path) -> dict[str, Any]:
         """A complete ``KubeSchedulerConfiguration`` document."""
+        if self.config is not None:
+            given = json.loads(json.dumps(self.config))
+            given.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
+            return dict(given)
         cfg: dict[str, Any] = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",

@@ -1,0 +1,380 @@
+"""The Helm chart on the real control plane: lint, server-side dry run, a real ``helm install``, and
+the example pods placed by the scheduler configuration the chart installed, through an extender that
+runs with the chart's ServiceAccount (so its RBAC is exercised) and reads the chart's policy
+ConfigMap. There is no kubelet, so the chart's Deployments never run pods; their configuration is
+read back from the API and run here: the real kube-scheduler binary with the rendered
+KubeSchedulerConfiguration (only the kubeconfig and the extender URL differ off-cluster) and the
+extender with the Deployment's ``--policy-configmap``. Then a real Prometheus scrapes the extender
+and an agent, and promtool checks their metrics and the chart's alert rules."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from tests.e2e.test_placement import EXPECTED
+from tests.harness.controlplane import K8S_VERSION, ControlPlane, SchedulerSpec, ensure_helm, free_port, wait_for
+from tests.harness.gpucluster import (
+    ROOT, create_gpu_nodes, create_pods, load_pod_manifests, start_extender, wait_placements,
+)
+
+pytestmark = pytest.mark.e2e
+
+CHART = ROOT / "deploy" / "helm" / "gpuplace"
+NS = "gpuplace"
+RELEASE = "gpuplace"
+POLICY_CM = "gpuplace-policy"
+RTX_4090_NODES = {"gpu-4090-0", "gpu-4090-1"}
+
+
+class Helm:
+    def __init__(self, binary: Path, kubeconfig: Path, home: Path) -> None:
+        self.binary, self.kubeconfig = binary, kubeconfig
+        self.env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+                    "HELM_DATA_HOME": str(home / "data")}
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.binary), *args, "--kubeconfig", str(self.kubeconfig)],
+                              capture_output=True, text=True, env=self.env, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        return proc
+
+
+def sa_kubeconfig(cp: ControlPlane, api: k8s.ApiClient, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` (TokenRequest API)."""
+    token = k8s.CoreV1Api(api).create_namespaced_service_account_token(
+        sa, namespace, k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)))
+    admin = yaml.safe_load(cp.kubeconfig_path.read_text())
+    admin["users"] = [{"name": sa, "user": {"token": token.status.token}}]
+    admin["contexts"] = [{"name": sa, "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}]
+    admin["current-context"] = sa
+    path.write_text(yaml.safe_dump(admin))
+    path.chmod(0o600)
+    return path
+
+
+def metric_value(text: str, series: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
+@pytest.fixture(scope="module")
+def helm_cp(tmp_path_factory):
+    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
+        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    work = tmp_path_factory.mktemp("helm")
+    with ControlPlane(work / "cp", scheduler_configs=[]) as cp:
+        api = cp.api_client()
+        k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NS)))
+        helm = Helm(ensure_helm(), cp.kubeconfig_path, work / "helm-home")
+        yield cp, api, helm, work
+
+
+@pytest.fixture(scope="module")
+def installed(helm_cp):
+    cp, api, helm, work = helm_cp
+    # Binaries built from the Go module proxy report version v0.0.0-master, so the chart cannot derive
+    # the kube-scheduler tag from this API server (test_scheduler_image_follows_the_cluster_version
+    # checks the derivation); a real cluster needs no --set.
+    out = helm("install", RELEASE, str(CHART), "--namespace", NS, "--set", f"scheduler.image.tag={K8S_VERSION}")
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def chart_scheduler(helm_cp, installed):
+    """Nodes, the extender (as the chart's ServiceAccount) and kube-scheduler with the chart's config."""
+    cp, api, helm, work = helm_cp
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    create_gpu_nodes(cp, ROOT / "examples" / "cluster", publish="direct")
+    ext_deploy = apps.read_namespaced_deployment("gpuplace-extender", NS)
+    ext_args = ext_deploy.spec.template.spec.containers[0].args
+    policy_arg = next(a for a in ext_args if a.startswith("--policy-configmap="))
+    kubeconfig = sa_kubeconfig(cp, api, NS, ext_deploy.spec.template.spec.service_account_name, work / "extender.kubeconfig")
+    extender = start_extender(kubeconfig, cp.logs, extra_args=[policy_arg])
+
+    sched_cm = core.read_namespaced_config_map("gpuplace-scheduler-config", NS)
+    config = yaml.safe_load(sched_cm.data["config.yaml"])
+    in_cluster_url = config["extenders"][0]["urlPrefix"]
+    config["extenders"][0]["urlPrefix"] = extender.url  # the only change besides the kubeconfig
+    sched_deploy = apps.read_namespaced_deployment("gpuplace-scheduler", NS)
+    container = sched_deploy.spec.template.spec.containers[0]
+    flags = tuple(a for a in container.args if not a.startswith("--config="))
+    cp.add_scheduler(SchedulerSpec(name="gpuplace-scheduler", config=config, extra_args=flags))
+    yield {"extender": extender, "config": config, "in_cluster_url": in_cluster_url, "image": container.image,
+           "flags": flags, "extender_args": ext_args}
+    cp.stop_scheduler("gpuplace-scheduler")
+    extender.stop()
+
+
+def test_helm_lint_passes(helm_cp):
+    _, _, helm, _ = helm_cp
+    out = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_rendered_chart_passes_a_server_side_dry_run_apply(helm_cp):
+    cp, _, helm, _ = helm_cp
+    rendered = helm("template", RELEASE, str(CHART), "--namespace", NS,
+                    "--kube-version", K8S_VERSION.lstrip("v")).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    assert {"Deployment", "DaemonSet", "ConfigMap", "ClusterRole", "Role", "Service"} <= kinds
+    proc = subprocess.run([str(cp.binaries.kubectl), "--kubeconfig", str(cp.kubeconfig_path), "apply",
+                           "--dry-run=server", "-f", "-"], input=rendered, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "deployment.apps/gpuplace-extender created (server dry run)" in proc.stdout
+
+
+def test_a_values_typo_fails_install_with_a_schema_message(helm_cp, tmp_path):
+    _, api, helm, _ = helm_cp
+    values = tmp_path / "my-values.yaml"
+    values.write_text("extender:\n  replicas: two\n")
+    for cmd in (("template", "typo", str(CHART)), ("install", "typo", str(CHART), "--namespace", NS)):
+        proc = helm(*cmd, "-f", str(values), check=False)
+        assert proc.returncode != 0
+        assert "at '/extender/replicas': got string, want integer" in proc.stderr
+    assert not [d for d in k8s.AppsV1Api(api).list_namespaced_deployment(NS).items if d.metadata.name.startswith("typo")]
+
+
+def test_scheduler_image_follows_the_cluster_version(helm_cp):
+    _, _, helm, _ = helm_cp
+    for version, tag in (("1.34.4", "v1.34.4"), ("1.31.2-eks-7f9249a", "v1.31.2")):
+        rendered = helm("template", RELEASE, str(CHART), "--kube-version", version,
+                        "--show-only", "templates/scheduler.yaml").stdout
+        assert f"image: registry.k8s.io/kube-scheduler:{tag}\n" in rendered
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "0.0.0-master", check=False)
+    assert proc.returncode != 0 and "scheduler.image.tag: cannot derive a kube-scheduler tag" in proc.stderr
+
+
+def test_install_creates_the_components_with_the_clusters_scheduler_image(helm_cp, installed, chart_scheduler):
+    assert "schedulerName: gpuplace-scheduler" in installed  # NOTES.txt
+    assert chart_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
+    assert chart_scheduler["in_cluster_url"] == f"http://gpuplace-extender.{NS}.svc:8888"
+    cfg = chart_scheduler["config"]
+    ext = cfg["extenders"][0]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["httpTimeout"]) == \
+        ("filter", "prioritize", True, "5s")
+    managed = {r["name"] for r in ext["managedResources"]}
+    assert {"nvidia.com/gpu", "amd.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb"} <= managed
+    assert cfg["leaderElection"]["leaderElect"] is True
+    assert "--pod-max-in-unschedulable-pods-duration=60s" in chart_scheduler["flags"]
+    _, api, _, _ = helm_cp
+    ds = k8s.AppsV1Api(api).read_namespaced_daemon_set("gpuplace-agent", NS)
+    mounts = {m.mount_path: m.read_only for m in ds.spec.template.spec.containers[0].volume_mounts}
+    assert mounts["/var/lib/kubelet/pod-resources"] is True
+
+
+def test_example_pods_land_where_the_criteria_say_through_the_charts_configuration(helm_cp, chart_scheduler):
+    cp, api, _, _ = helm_cp
+    names = create_pods(api, load_pod_manifests(ROOT / "examples" / "pods"))
+    placed = wait_placements(api, names, timeout=90, settle_pending=8)
+    wrong = {n: node for n, node in placed.items() if node not in EXPECTED[n]}
+    assert not wrong, f"misplaced: {wrong}; all: {placed}"
+    # leader election is on, with the chart's lease
+    lease = k8s.CoordinationV1Api(api).read_namespaced_lease("gpuplace-scheduler", NS)
+    assert lease.spec.holder_identity
+
+
+def _lora(name: str) -> dict:
+    m = next(m for m in load_pod_manifests(ROOT / "examples" / "pods") if m["metadata"]["name"] == "llm-7b-lora")
+    return {**m, "metadata": {**m["metadata"], "name": name}}
+
+
+def _policy_text(api: k8s.ApiClient) -> str:
+    return k8s.CoreV1Api(api).read_namespaced_config_map(POLICY_CM, NS).data["policy.yaml"]
+
+
+def _set_policy(api: k8s.ApiClient, text: str) -> None:
+    k8s.CoreV1Api(api).patch_namespaced_config_map(POLICY_CM, NS, {"data": {"policy.yaml": text}})
+
+
+def test_editing_the_policy_configmap_changes_placement_without_a_restart(helm_cp, chart_scheduler):
+    _, api, _, _ = helm_cp
+    extender = chart_scheduler["extender"]
+    create_pods(api, [_lora("lora-before-edit")])
+    assert wait_placements(api, ["lora-before-edit"], timeout=60)["lora-before-edit"] in RTX_4090_NODES
+
+    policy = yaml.safe_load(_policy_text(api))
+    for c in policy["classes"]:  # the LoRA pod is class small; keep RTX 4090s from it
+        if c["name"] in ("small", "medium"):
+            c["deniedModels"] = [*c.get("deniedModels", []), "rtx-4090"]
+    t0 = time.monotonic()
+    _set_policy(api, yaml.safe_dump(policy, sort_keys=False))
+    wait_for(lambda: metric_value(extender.get("/metrics")[1], "gpuplace_extender_policy_generation") == 2.0,
+             60, interval=0.2, message="the edited policy was not applied within a minute")
+    print(f"\npolicy edit applied {time.monotonic() - t0:.2f}s after the ConfigMap patch", file=sys.stderr)
+    create_pods(api, [_lora("lora-after-edit")])
+    node = wait_placements(api, ["lora-after-edit"], timeout=60)["lora-after-edit"]
+    assert node is not None and node not in RTX_4090_NODES
+    assert extender.proc.poll() is None  # same process: no restart
+
+
+def test_a_broken_policy_edit_changes_nothing_and_shows_in_events_and_metrics(helm_cp, chart_scheduler):
+    _, api, _, _ = helm_cp
+    extender = chart_scheduler["extender"]
+    generation = metric_value(extender.get("/metrics")[1], "gpuplace_extender_policy_generation")
+    policy = yaml.safe_load(_policy_text(api))
+    policy["scoring"]["cost"] = "lots"
+    _set_policy(api, yaml.safe_dump(policy, sort_keys=False))
+
+    def rejected_event() -> str | None:
+        events = k8s.CoreV1Api(api).list_namespaced_event(
+            NS, field_selector=f"involvedObject.kind=ConfigMap,involvedObject.name={POLICY_CM},reason=PolicyRejected").items
+        return events[-1].message if events else None
+
+    message = wait_for(rejected_event, 60, interval=0.5, message="no PolicyRejected Event on the policy ConfigMap")
+    assert "scoring.cost" in message
+    text = extender.get("/metrics")[1]
+    assert metric_value(text, 'gpuplace_extender_policy_reloads_total{result="rejected"}') == 1.0
+    assert metric_value(text, "gpuplace_extender_policy_generation") == generation
+    create_pods(api, [_lora("lora-after-broken-edit")])
+    node = wait_placements(api, ["lora-after-broken-edit"], timeout=60)["lora-after-broken-edit"]
+    assert node is not None and node not in RTX_4090_NODES, "the last valid policy must stay in force"
+    assert "policy change rejected" in extender.log_path.read_text()
+
+
+# ---- Prometheus and promtool ------------------------------------------------------------------
+
+def _promtool_dir() -> Path:
+    found = shutil.which("promtool")
+    if found:
+        return Path(found).parent
+    out = subprocess.run(["bash", str(ROOT / "hack" / "install-promtool.sh")], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _prom_query(url: str, expr: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def prometheus(helm_cp, chart_scheduler):
+    cp, _, _, work = helm_cp
+    bindir = _promtool_dir()
+    agent_port, prom_port = free_port(), free_port()
+    agent_log = open(cp.logs / "agent-metrics.log", "wb")
+    agent = subprocess.Popen([sys.executable, "-m", "node_agent.cli", "--probe", "fake", "--fake-inventory",
+                              str(ROOT / "examples" / "cluster" / "gpu-h100-0.json"), "--node-name", "gpu-h100-0",
+                              "--no-publish", "--metrics-port", str(agent_port), "--interval-seconds", "1"],
+                             cwd=ROOT, stdout=agent_log, stderr=subprocess.STDOUT)
+    ext_port = chart_scheduler["extender"].port
+    cfg = work / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "gpuplace-extender", "static_configs": [{"targets": [f"127.0.0.1:{ext_port}"]}]},
+            {"job_name": "gpuplace-agent", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]},
+        ]}))
+    prom_log = open(cp.logs / "prometheus.log", "wb")
+    prom = subprocess.Popen([str(bindir / "prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={work / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=prom_log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{prom_port}"
+    try:
+        wait_for(lambda: len(_prom_query(url, "up == 1")) == 2, 60, interval=0.5, message="Prometheus did not scrape both targets")
+        # traffic while Prometheus watches: placements, a rejection, and a pod left pending
+        api = helm_cp[1]
+        impossible = next(m for m in load_pod_manifests(ROOT / "examples" / "pods")
+                          if m["metadata"]["name"] == "impossible-200gi")
+        create_pods(api, [_lora("lora-scraped-1"), _lora("lora-scraped-2"),
+                          {**impossible, "metadata": {**impossible["metadata"], "name": "impossible-scraped"}}])
+        wait_placements(api, ["lora-scraped-1", "lora-scraped-2"], timeout=60)
+        yield {"url": url, "bindir": bindir, "agent_url": f"http://127.0.0.1:{agent_port}", "prom": prom}
+    finally:
+        for p in (prom, agent):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_prometheus_scrapes_both_and_placements_by_model_have_the_expected_series(
+        prometheus, chart_scheduler, helm_cp):
+    url = prometheus["url"]
+    expected = {"a100-sxm4-80gb", "rtx-4090", "h100-sxm5-80gb", "radeon-vii"}
+    seen: list[set[str]] = [set()]
+
+    def models() -> set[str] | None:
+        seen[0] = {r["metric"].get("model") for r in _prom_query(url, "sum by (model) (gpuplace_extender_placements_total)")}
+        return seen[0] if expected <= seen[0] else None
+
+    try:
+        got = wait_for(models, 60, interval=1, message="placements by model incomplete in Prometheus")
+    except TimeoutError as e:
+        own = [ln for ln in chart_scheduler["extender"].get("/metrics")[1].splitlines() if "placements" in ln]
+        raise AssertionError(f"Prometheus has {seen[0]}, want {expected}; the extender serves {own}") from e
+    assert "unknown" not in got
+    h100 = _prom_query(url, 'gpuplace_gpu_info{job="gpuplace-agent"}')
+    assert {r["metric"]["node"] for r in h100} == {"gpu-h100-0"} and len(h100) == 4
+    gpus = {(r["metric"]["model"], r["metric"]["state"]): float(r["value"][1])
+            for r in _prom_query(url, "max by (model, state) (gpuplace_cluster_gpus)")}
+    assert gpus[("h100-sxm5-80gb", "allocated")] >= 4  # the NVLink pod holds all four H100s
+
+
+def test_every_dashboard_query_is_valid_promql_and_the_key_panels_have_data(prometheus, helm_cp):
+    url = prometheus["url"]
+    dash = json.loads((CHART / "files" / "dashboard.json").read_text())
+    must_have = {"GPUs by model and state", "MIG devices by profile and state", "Placements by GPU model",
+                 "Node rejections by criterion", "Filter / prioritize latency p50, p99", "Inventory age per node",
+                 "Mean VRAM: estimated vs granted", "Pending GPU pods", "Policy generation"}
+    missing: list[set[str]] = [set()]
+
+    def key_panels_have_data() -> bool:
+        empty = set()
+        for p in dash["panels"]:
+            for t in p.get("targets", []):
+                if not _prom_query(url, t["expr"].replace("$__rate_interval", "1m")):  # asserts valid PromQL
+                    empty.add(p["title"])
+        missing[0] = must_have & empty
+        return not missing[0]
+
+    try:  # rates need two scrapes after the traffic the fixture made
+        wait_for(key_panels_have_data, 60, interval=2, message="dashboard panels without data")
+    except TimeoutError as e:
+        raise AssertionError(f"panels without data: {sorted(missing[0])}") from e
+    out = os.environ.get("GPUPLACE_DASHBOARD_PNG")
+    if out:  # render once for the docs: GPUPLACE_DASHBOARD_PNG=docs/dashboard.png pytest -k dashboard
+        subprocess.run([sys.executable, str(ROOT / "hack" / "render-dashboard.py"), "--prometheus", url,
+                        "--out", out, "--window-seconds", "120", "--rate-interval", "15s"], check=True)
+
+
+def test_promtool_accepts_the_extender_and_agent_metrics(prometheus, chart_scheduler, tmp_path):
+    promtool = prometheus["bindir"] / "promtool"
+    for name, base in (("extender", chart_scheduler["extender"].url), ("agent", prometheus["agent_url"])):
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        proc = subprocess.run([str(promtool), "check", "metrics"], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), \
+            f"{name}: {proc.stdout}{proc.stderr}"
+
+
+def test_promtool_accepts_the_charts_alert_rules(prometheus, helm_cp, tmp_path):
+    _, _, helm, _ = helm_cp
+    rendered = helm("template", RELEASE, str(CHART), "--namespace", NS, "--kube-version", K8S_VERSION.lstrip("v"),
+                    "--set", "prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml").stdout
+    rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump(rule["spec"]))
+    proc = subprocess.run([str(prometheus["bindir"] / "promtool"), "check", "rules", str(rules_file)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"GpuplaceExtenderErrors", "GpuplaceFilterLatencyNearTimeout", "GpuplaceInventoryStale",
+            "GpuplaceGPUUnhealthy", "GpuplaceExtenderCacheNotSynced"} <= alerts
