@@ -81,16 +81,24 @@ def render(prom: str, out: Path, window_s: float, rate_interval: str) -> None:
             g = p["gridPos"]
             fig.text(0.005, top - (g["y"] + 0.75) * top / rows, p["title"], color="#cccccc", fontsize=13, weight="bold")
             continue
-        ax = fig.add_axes(box(p))
+        frame = box(p)
+        bg = fig.add_axes(frame)
+        bg.set_facecolor("#181b1f")
+        bg.set_xticks([])
+        bg.set_yticks([])
+        for s in bg.spines.values():
+            s.set_color("#2c3235")
+        bg.set_title(p["title"], color="white", fontsize=10, loc="left")
+        inset = 0.04 if p["type"] != "stat" else 0.0  # room for the y tick labels inside the panel
+        ax = fig.add_axes([frame[0] + inset, frame[1] + (0.012 if inset else 0), frame[2] - inset - 0.004,
+                           frame[3] - (0.016 if inset else 0)])
         ax.set_facecolor("#181b1f")
         for s in ax.spines.values():
             s.set_color("#2c3235")
         ax.tick_params(colors="#aaaaaa", labelsize=8)
-        ax.set_title(p["title"], color="white", fontsize=10, loc="left")
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         if p["type"] == "stat":
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.axis("off")
             parts = []
             for t in p["targets"]:
                 for r in query(prom, "query", query=t["expr"].replace("$__rate_interval", rate_interval)):
@@ -107,7 +115,6 @@ def render(prom: str, out: Path, window_s: float, rate_interval: str) -> None:
             for r in query(prom, "query_range", query=expr, start=start, end=end, step=step):
                 xs = [float(v[0]) - end for v in r["values"]]
                 ys = [float(v[1]) for v in r["values"]]
-                ys = [y if y == y else 0.0 for y in ys]  # NaN (no rate yet) draws as 0
                 series.append((legend(t.get("legendFormat", ""), r["metric"]), xs, ys))
         if not series:
             ax.text(0.5, 0.5, "No data", ha="center", va="center", color="#888888", transform=ax.transAxes)
@@ -115,11 +122,14 @@ def render(prom: str, out: Path, window_s: float, rate_interval: str) -> None:
         series.sort(key=lambda s: s[0])
         if stacked:
             grid = sorted({x for _, xs, _ in series for x in xs})
-            stacks = [[dict(zip(xs, ys)).get(x, 0.0) for x in grid] for _, xs, ys in series]
+            # in a stack, a missing or NaN point (no rate yet) counts as 0; lines show it as a gap
+            stacks = [[(lambda v: v if v == v else 0.0)(dict(zip(xs, ys)).get(x, 0.0)) for x in grid]
+                      for _, xs, ys in series]
             ax.stackplot([x / 60 for x in grid], stacks, labels=[s[0] for s in series], alpha=0.75)
         else:
             for label, xs, ys in series:
                 ax.plot([x / 60 for x in xs], ys, label=label, linewidth=1.4)
+        ax.set_xlim(-window_s / 60, 0)
         ax.set_xlabel("minutes ago", color="#888888", fontsize=8)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos, u=unit: fmt_value(v, u)))
         ax.grid(color="#2c3235", linewidth=0.5)

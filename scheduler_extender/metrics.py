@@ -77,6 +77,10 @@ class PlacementQualityMetrics:
             "gpuplace_extender_vram_estimate_ratio",
             "Estimated VRAM per GPU divided by the VRAM of the granted GPU or MIG device, by size class.",
             ["size_class"], buckets=VRAM_RATIO_BUCKETS, registry=registry)
+        self.placed_estimate = Histogram(
+            "gpuplace_extender_placed_vram_estimate_bytes",
+            "Estimated VRAM per GPU of placed pods (compare with gpuplace_extender_granted_gpu_memory_bytes), "
+            "by size class.", ["size_class"], buckets=GPU_MEMORY_BUCKETS, registry=registry)
         self.failed_nodes = Counter(
             "gpuplace_extender_failed_nodes_total",
             "Nodes the filter rejected, by whether preemption could help (resolvable true/false).",

@@ -95,6 +95,7 @@ class ExtenderService:
         q = self.metrics.quality
         q.granted_memory.labels(job.size_class.name).observe(granted_bytes)
         if job.vram is not None and granted_bytes > 0:
+            q.placed_estimate.labels(job.size_class.name).observe(job.vram.bytes_per_gpu)
             q.vram_fit.labels(job.size_class.name).observe(job.vram.bytes_per_gpu / granted_bytes)
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:

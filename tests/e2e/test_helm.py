@@ -333,7 +333,7 @@ def test_every_dashboard_query_is_valid_promql_and_the_key_panels_have_data(prom
     dash = json.loads((CHART / "files" / "dashboard.json").read_text())
     must_have = {"GPUs by model and state", "MIG devices by profile and state", "Placements by GPU model",
                  "Node rejections by criterion", "Filter / prioritize latency p50, p99", "Inventory age per node",
-                 "Mean VRAM: estimated vs granted", "Pending GPU pods", "Policy generation"}
+                 "Mean VRAM per GPU of placed pods: estimated vs granted", "Pending GPU pods", "Policy generation"}
     missing: list[set[str]] = [set()]
 
     def key_panels_have_data() -> bool:
@@ -351,8 +351,26 @@ def test_every_dashboard_query_is_valid_promql_and_the_key_panels_have_data(prom
         raise AssertionError(f"panels without data: {sorted(missing[0])}") from e
     out = os.environ.get("GPUPLACE_DASHBOARD_PNG")
     if out:  # render once for the docs: GPUPLACE_DASHBOARD_PNG=docs/dashboard.png pytest -k dashboard
+        _traffic_waves(helm_cp[1], waves=int(os.environ.get("GPUPLACE_DASHBOARD_WAVES", "10")))
         subprocess.run([sys.executable, str(ROOT / "hack" / "render-dashboard.py"), "--prometheus", url,
                         "--out", out, "--window-seconds", "120", "--rate-interval", "15s"], check=True)
+
+
+def _traffic_waves(api: k8s.ApiClient, waves: int, period: float = 10.0) -> None:
+    """Something to look at: every ``period`` s a wave of pods arrives and the previous one leaves."""
+    core = k8s.CoreV1Api(api)
+    manifests = {m["metadata"]["name"]: m for m in load_pod_manifests(ROOT / "examples" / "pods")}
+    previous: list[str] = []
+    for i in range(waves):
+        wave = []
+        for base in ("llm-7b-lora", "llm-3b-inference", "llm-13b-inference", "impossible-200gi")[: 2 + i % 3]:
+            m = manifests[base]
+            wave.append({**m, "metadata": {**m["metadata"], "name": f"wave{i}-{base}"}})
+        names = create_pods(api, wave)
+        for n in previous:
+            core.delete_namespaced_pod(n, "default", grace_period_seconds=0)
+        previous = names
+        time.sleep(period)
 
 
 def test_promtool_accepts_the_extender_and_agent_metrics(prometheus, chart_scheduler, tmp_path):
