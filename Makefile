@@ -12,7 +12,7 @@ help:
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
 	@echo "make test-unit   fast tests only (no control plane)"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
-	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd (cached by version)"
+	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

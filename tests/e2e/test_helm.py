@@ -160,6 +160,33 @@ def test_scheduler_image_follows_the_cluster_version(helm_cp):
     assert proc.returncode != 0 and "scheduler.image.tag: cannot derive a kube-scheduler tag" in proc.stderr
 
 
+def test_own_scheduler_mode_leaves_the_scheduler_out_and_prints_the_extenders_snippet(helm_cp):
+    _, _, helm, _ = helm_cp
+    out = helm("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false").stdout
+    manifest, notes = out.split("NOTES:", 1)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(manifest.split("MANIFEST:", 1)[1]) if d}
+    assert ("Deployment", "own-gpuplace-extender") in kinds
+    assert not [k for k in kinds if "scheduler" in k[1]]
+    snippet = yaml.safe_load(notes.split("KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1):", 1)[1]
+                             .split("Edit the policy", 1)[0])
+    assert snippet["extenders"][0]["urlPrefix"] == f"http://own-gpuplace-extender.{NS}.svc:8888"
+    assert {"name": "nvidia.com/gpu", "ignoredByScheduler": False} in snippet["extenders"][0]["managedResources"]
+
+
+def test_agent_runs_on_gpu_nodes_with_the_runtime_class_and_tolerations_from_values(helm_cp):
+    _, _, helm, _ = helm_cp
+    rendered = helm("template", RELEASE, str(CHART), "--kube-version", K8S_VERSION.lstrip("v"),
+                    "--show-only", "templates/agent.yaml", "--set", "agent.runtimeClassName=nvidia",
+                    "--set", "agent.nodeSelector.gpu=yes").stdout
+    ds = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    rules = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole")["rules"]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+
+
 def test_install_creates_the_components_with_the_clusters_scheduler_image(helm_cp, installed, chart_scheduler):
     assert "schedulerName: gpuplace-scheduler" in installed  # NOTES.txt
     assert chart_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
