@@ -103,9 +103,10 @@ class PolicyWatcher:
 
 def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics) -> Any:
     """Watch unbound GPU pods for the pending-pods gauges (a third watcher beside nodes and pods)."""
+    from kubernetes import client
+
     from scheduler_extender.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
     from scheduler_extender.watch import ResourceWatcher
-    from kubernetes import client
     pending = PendingGpuPods()
     pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
     w = ResourceWatcher("pending-pods", pods, pending, cluster_watch.stop_event,  # type: ignore[arg-type]

@@ -71,7 +71,8 @@ class PlacementQualityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.granted_memory = Histogram(
             "gpuplace_extender_granted_gpu_memory_bytes",
-            "VRAM of the GPU or MIG device the best-scored placement would give the pod, by size class.",
+            "VRAM of the GPU or MIG device a placed pod gets (as counted by gpuplace_extender_placements_total), "
+            "by size class.",
             ["size_class"], buckets=GPU_MEMORY_BUCKETS, registry=registry)
         self.vram_fit = Histogram(
             "gpuplace_extender_vram_estimate_ratio",
