@@ -187,6 +187,22 @@ def test_agent_runs_on_gpu_nodes_with_the_runtime_class_and_tolerations_from_val
     assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
 
 
+def test_service_and_pod_monitors_select_the_extender_service_and_the_agent_pods(helm_cp):
+    _, _, helm, _ = helm_cp
+    docs = [d for d in yaml.safe_load_all(helm(
+        "template", RELEASE, str(CHART), "--kube-version", K8S_VERSION.lstrip("v"),
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true").stdout) if d]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    sm = by_kind[("ServiceMonitor", "gpuplace-extender")]
+    svc = by_kind[("Service", "gpuplace-extender")]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    pm = by_kind[("PodMonitor", "gpuplace-agent")]
+    pod_tpl = by_kind[("DaemonSet", "gpuplace-agent")]["spec"]["template"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_tpl["metadata"]["labels"].items()
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in pod_tpl["spec"]["containers"][0]["ports"]}
+
+
 def test_install_creates_the_components_with_the_clusters_scheduler_image(helm_cp, installed, chart_scheduler):
     assert "schedulerName: gpuplace-scheduler" in installed  # NOTES.txt
     assert chart_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
@@ -410,16 +426,72 @@ def test_promtool_accepts_the_extender_and_agent_metrics(prometheus, chart_sched
             f"{name}: {proc.stdout}{proc.stderr}"
 
 
-def test_promtool_accepts_the_charts_alert_rules(prometheus, helm_cp, tmp_path):
-    _, _, helm, _ = helm_cp
+def _chart_rules(helm: Helm, path: Path) -> dict:
     rendered = helm("template", RELEASE, str(CHART), "--namespace", NS, "--kube-version", K8S_VERSION.lstrip("v"),
                     "--set", "prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml").stdout
     rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    return rule
+
+
+def test_promtool_accepts_the_charts_alert_rules(prometheus, helm_cp, tmp_path):
+    _, _, helm, _ = helm_cp
     rules_file = tmp_path / "rules.yaml"
-    rules_file.write_text(yaml.safe_dump(rule["spec"]))
+    rule = _chart_rules(helm, rules_file)
     proc = subprocess.run([str(prometheus["bindir"] / "promtool"), "check", "rules", str(rules_file)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"GpuplaceExtenderErrors", "GpuplaceFilterLatencyNearTimeout", "GpuplaceInventoryStale",
             "GpuplaceGPUUnhealthy", "GpuplaceExtenderCacheNotSynced"} <= alerts
+
+
+def test_alerts_fire_on_stale_inventories_slow_filters_and_server_errors(prometheus, helm_cp, tmp_path):
+    """``promtool test rules`` on synthetic series: each alert fires when, and only when, it should."""
+    _, _, helm, _ = helm_cp
+    _chart_rules(helm, tmp_path / "rules.yaml")
+    bucket = "gpuplace_extender_request_duration_seconds_bucket"
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                # gpu-a's agent stopped: its inventory ages 60 s a minute; gpu-b stays fresh
+                {"series": 'gpuplace_extender_inventory_age_seconds{node="gpu-a"}', "values": "0+60x30"},
+                {"series": 'gpuplace_extender_inventory_age_seconds{node="gpu-b"}', "values": "30x30"},
+                # every filter call takes 4.5 s (bucket le=5 only), 10 calls a minute
+                {"series": f'{bucket}{{verb="filter",le="2.5"}}', "values": "0x30"},
+                {"series": f'{bucket}{{verb="filter",le="5.0"}}', "values": "0+10x30"},
+                {"series": f'{bucket}{{verb="filter",le="+Inf"}}', "values": "0+10x30"},
+                # 5 % of calls answer 500
+                {"series": 'gpuplace_extender_requests_total{verb="filter",code="200"}', "values": "0+95x30"},
+                {"series": 'gpuplace_extender_requests_total{verb="filter",code="500"}', "values": "0+5x30"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "4m", "alertname": "GpuplaceInventoryStale", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "GpuplaceInventoryStale", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "node": "gpu-a"},
+                    "exp_annotations": {
+                        "summary": "A node's GPU inventory is older than 300s.",
+                        "description": "The agent on gpu-a has not published for 15m 0s; "
+                                       "the policy may reject the node for GPU pods."}}]},
+                {"eval_time": "15m", "alertname": "GpuplaceFilterLatencyNearTimeout", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning"},
+                    "exp_annotations": {
+                        "summary": "Filter p99 latency is close to kube-scheduler's 5s extender timeout.",
+                        "description": "p99 of /filter is 4.975s; a filter call that times out fails the pod's "
+                                       "scheduling cycle."}}]},
+                {"eval_time": "15m", "alertname": "GpuplaceExtenderErrors", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical"},
+                    "exp_annotations": {
+                        "summary": "More than 1 % of extender calls fail with HTTP 5xx.",
+                        "description": "5% of /filter and /prioritize calls failed in the last 5 minutes; "
+                                       "GPU pods may not be scheduled. Check the extender logs."}}]},
+            ],
+        }],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([str(prometheus["bindir"] / "promtool"), "test", "rules", "tests.yaml"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
