@@ -495,3 +495,15 @@ def test_alerts_fire_on_stale_inventories_slow_filters_and_server_errors(prometh
     proc = subprocess.run([str(prometheus["bindir"] / "promtool"), "test", "rules", "tests.yaml"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_an_extender_whose_policy_configmap_is_missing_or_invalid_at_start_exits_with_the_reason(helm_cp, installed):
+    cp, api, _, _ = helm_cp
+    core = k8s.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, k8s.V1ConfigMap(
+        metadata=k8s.V1ObjectMeta(name="broken-policy"), data={"policy.yaml": "kind: PlacementPolicy\nscoring: {cost: lots}\n"}))
+    for ref, reason in ((f"{NS}/no-such-policy", "ConfigMap not found"), (f"{NS}/broken-policy", "scoring.cost")):
+        proc = subprocess.run([sys.executable, "-m", "scheduler_extender.cli", "--kubeconfig", str(cp.kubeconfig_path),
+                               "--port", str(free_port()), "--policy-configmap", ref],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and reason in proc.stderr, proc.stderr[-2000:]
