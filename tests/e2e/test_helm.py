@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from scheduler_extender.core.policy import parse_policy
 from tests.e2e.test_placement import EXPECTED
 from tests.harness.controlplane import K8S_VERSION, ControlPlane, SchedulerSpec, ensure_helm, free_port, wait_for
 from tests.harness.gpucluster import (
@@ -125,6 +126,12 @@ def test_helm_lint_passes(helm_cp):
     _, _, helm, _ = helm_cp
     out = helm("lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in out.stdout
+    for scenario in sorted((CHART / "ci").glob("*-values.yaml")):  # as chart-testing runs them
+        out = helm("lint", "--strict", str(CHART), "-f", str(scenario))
+        assert "0 chart(s) failed" in out.stdout, scenario.name
+        cm = yaml.safe_load(helm("template", RELEASE, str(CHART), "-f", str(scenario), "--kube-version",
+                                 K8S_VERSION.lstrip("v"), "--show-only", "templates/policy-configmap.yaml").stdout)
+        parse_policy(cm["data"]["policy.yaml"], source=scenario.name)  # what the extender will load
 
 
 def test_rendered_chart_passes_a_server_side_dry_run_apply(helm_cp):
