@@ -22,12 +22,48 @@ LDFLAGS="-s -w"
 
 log() { echo "[build-control-plane] $*" >&2; }
 
+# Version stamps, as the projects' own release builds set them (kubernetes hack/lib/version.sh,
+# helm's Makefile); without them kube-apiserver reports v0.0.0-master and Helm assumes k8s v1.20.
+# Each output dir records the ldflags it was built with in .recipe; a different recipe rebuilds.
+k8s_ldflags() {
+  local v="$K8S_VERSION" major minor
+  major="${v#v}"; major="${major%%.*}"
+  minor="${v#v*.}"; minor="${minor%%.*}"
+  local f="$LDFLAGS"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f="$f -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  echo "$f"
+}
+
+helm_ldflags() {
+  # Helm's Makefile derives the Kubernetes version it assumes from its client-go (v0.X -> 1.X).
+  local modfile client_minor
+  modfile="$(go env GOMODCACHE)/cache/download/helm.sh/helm/v3/@v/$HELM_VERSION.mod"
+  [ -f "$modfile" ] || (cd "$(mktemp -d)" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" >/dev/null)
+  client_minor=$(awk '$1 == "k8s.io/client-go" {split($2, a, "."); print a[2]}' "$modfile")
+  local f="$LDFLAGS -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    f="$f -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$client_minor"
+  done
+  echo "$f"
+}
+
+# fresh DIR RECIPE BINARY...: true when every binary exists and was built with RECIPE.
+fresh() {
+  local out="$1" recipe="$2"; shift 2
+  [ "$(cat "$out/.recipe" 2>/dev/null)" = "$recipe" ] || return 1
+  for b in "$@"; do [ -x "$out/$b" ] || return 1; done
+}
+
+# install_bin SRC DST: replace DST atomically (a running test may be executing the old one).
+install_bin() { mv -f "$1" "$2"; }
+
 build_k8s() {
   local out="$BIN/k8s-$K8S_VERSION"
   local want=(kube-apiserver kube-scheduler kubectl)
-  local missing=()
-  for b in "${want[@]}"; do [ -x "$out/$b" ] || missing+=("$b"); done
-  [ ${#missing[@]} -eq 0 ] && { log "k8s $K8S_VERSION cached in $out"; return; }
+  local flags; flags=$(k8s_ldflags)
+  fresh "$out" "$flags" "${want[@]}" && { log "k8s $K8S_VERSION cached in $out"; return; }
   local mod="$CACHE/src/k8s-$K8S_VERSION"
   mkdir -p "$mod" "$out"
   local staging_minor="v0.${K8S_VERSION#v1.}"
@@ -59,10 +95,12 @@ import (
 GO
     (cd "$mod" && go mod tidy -e >/dev/null 2>&1 || true; cd "$mod" && go mod download)
   fi
-  for b in "${missing[@]}"; do
+  for b in "${want[@]}"; do
     log "building $b $K8S_VERSION (first build takes minutes on 2 cores; cached after)"
-    (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$out/$b" "k8s.io/kubernetes/cmd/$b")
+    (cd "$mod" && go build -ldflags "$flags" -o "$out/$b.new" "k8s.io/kubernetes/cmd/$b")
+    install_bin "$out/$b.new" "$out/$b"
   done
+  echo "$flags" > "$out/.recipe"
 }
 
 build_etcd() {
@@ -93,10 +131,14 @@ GO
 
 build_helm() {
   local out="$BIN/helm-$HELM_VERSION"
-  [ -x "$out/helm" ] && { log "helm $HELM_VERSION cached"; return; }
+  local flags; flags=$(helm_ldflags)
+  fresh "$out" "$flags" helm && { log "helm $HELM_VERSION cached"; return; }
   mkdir -p "$out"
   log "building helm $HELM_VERSION"
-  GOBIN="$out" go install -ldflags "$LDFLAGS" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  local tmp; tmp=$(mktemp -d)
+  GOBIN="$tmp" go install -ldflags "$flags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  install_bin "$tmp/helm" "$out/helm"
+  echo "$flags" > "$out/.recipe"
 }
 
 what="${1:-all}"
