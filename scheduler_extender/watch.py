@@ -1,4 +1,4 @@
-"""List-then-watch of Nodes and Pods into the ``ClusterCache`` (cluster mode's only I/O).
+"""List-then-watch of Nodes, Pods and Namespaces into the ``ClusterCache`` (cluster mode's only I/O).
 
 The loop follows the client-go reflector, as kopf does (``_cogs/clients/watching.py``): list (in
 pages), hand the whole list to the cache, then watch from the list's ``resourceVersion`` with
@@ -90,6 +90,8 @@ class ResourceWatcher:
                 break
         if self.kind == "nodes":
             self._cache.replace_nodes(items)
+        elif self.kind == "namespaces":
+            self._cache.replace_namespaces(items)
         else:
             self._cache.replace_pods(items)
         self._cache.stats.relists += 1
@@ -121,6 +123,8 @@ class ResourceWatcher:
                 if etype != "BOOKMARK":
                     if self.kind == "nodes":
                         self._cache.apply_node_event(etype, obj)
+                    elif self.kind == "namespaces":
+                        self._cache.apply_namespace_event(etype, obj)
                     else:
                         self._cache.apply_pod_event(etype, obj)
                 if new_rv:
@@ -133,6 +137,8 @@ class ResourceWatcher:
     def _mark_unsynced(self) -> None:
         if self.kind == "nodes":
             self._cache.nodes_synced = False
+        elif self.kind == "namespaces":
+            self._cache.namespaces_synced = False
         else:
             self._cache.pods_synced = False
 
@@ -178,7 +184,12 @@ class ResourceWatcher:
 
 
 class ClusterWatch:
-    """Runs the node and pod watchers in daemon threads."""
+    """Runs the node, pod and namespace watchers in daemon threads.
+
+    Namespaces are watched for their labels (policy tenants may select namespaces by label);
+    the extender's ServiceAccount needs ``list`` and ``watch`` on ``namespaces``, and ``/readyz``
+    waits for their first list too.
+    """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterCache,
                  on_relist: Callable[[str], None] | None = None) -> None:
@@ -188,7 +199,9 @@ class ClusterWatch:
             ResourceWatcher("nodes", core.list_node, cache, self.stop_event, on_relist=on_relist),
             ResourceWatcher("pods", core.list_pod_for_all_namespaces, cache, self.stop_event,
                             field_selector=POD_FIELD_SELECTOR, on_relist=on_relist),
+            ResourceWatcher("namespaces", core.list_namespace, cache, self.stop_event, on_relist=on_relist),
         ]
+        cache.namespaces_synced = False
         self.threads = [threading.Thread(target=w.run, name=f"watch-{w.kind}", daemon=True) for w in self.watchers]
 
     def start(self) -> None:
