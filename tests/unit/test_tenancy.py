@@ -187,3 +187,11 @@ def test_a_bad_namespace_labels_file_names_the_field(tmp_path):
     f.write_text("team-a: [gold]\n")
     with pytest.raises(NamespaceLabelsError, match="team-a"):
         load_namespace_labels(f)
+
+
+def test_the_commented_tenancy_example_of_the_default_policy_is_valid():
+    text = (EXAMPLES.parent / "scheduler_extender" / "data" / "default-policy.yaml").read_text()
+    example = text.split("# tenants:\n", 1)[1].split("tenants: []", 1)[0]
+    uncommented = yaml.safe_load("tenants:\n" + "\n".join(line[2:] for line in example.splitlines()))
+    p = parse_policy({**DEFAULT, **uncommented})
+    assert [t.name for t in p.tenants] == ["team-a", "premium", "team-b"]
