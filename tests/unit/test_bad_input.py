@@ -1,0 +1,52 @@
+"""Regression tests for bad input the fuzz tests (test_fuzz.py) found: each a 5xx or a crash before."""
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.sources import StaticSource
+from tests.factories import EXAMPLES, pod
+
+NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def client():
+    service = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    with TestClient(create_app(service), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize("pod_fields, field", [
+    ({"metadata": 3}, "Pod.metadata"),
+    ({"metadata": {"annotations": ["gpuplace.io/vram"]}}, "Pod.metadata.annotations"),
+    ({"metadata": {"annotations": {"gpuplace.io/vram": 40}}}, "Pod.metadata.annotations.gpuplace.io/vram"),
+    ({"metadata": {"namespace": {"a": 1}}}, "Pod.metadata.namespace"),
+    ({"spec": []}, "Pod.spec"),
+    ({"spec": {"containers": {"name": "main"}}}, "Pod.spec.containers"),
+    ({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": [1]}}}]}},
+     "Pod.spec.containers.0.resources.limits.nvidia.com/gpu"),
+    ({"spec": {"initContainers": [{"resources": 7}]}}, "Pod.spec.initContainers.0.resources"),
+])
+def test_a_pod_whose_fields_have_the_wrong_type_gets_a_400_naming_the_field(client, pod_fields, field):
+    for verb in ("filter", "prioritize"):
+        r = client.post(f"/{verb}", content=json.dumps({"Pod": pod_fields, "NodeNames": NODES}))
+        assert r.status_code == 400, r.text
+        assert r.json()["Error"].startswith(field + ":")
+
+
+@pytest.mark.parametrize("node, field", [
+    ({"metadata": []}, "Nodes.items.0.metadata"),
+    ({"metadata": {"name": "n", "annotations": {"gpuplace.io/inventory": {"kind": "x"}}}},
+     "Nodes.items.0.metadata.annotations.gpuplace.io/inventory"),
+    ({"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": None}}},
+     "Nodes.items.0.status.allocatable.nvidia.com/gpu"),
+])
+def test_a_node_whose_fields_have_the_wrong_type_gets_a_400_naming_the_field(client, node, field):
+    r = client.post("/filter", content=json.dumps({"Pod": pod({}), "Nodes": {"items": [node]}}))
+    assert r.status_code == 400, r.text
+    assert r.json()["Error"].startswith(field + ":")
