@@ -307,7 +307,7 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         ``NodeResult`` with every failing reason, or the chosen units when the node passes.
     """
     req = job.req
-    if not req.wants_gpu and not req.has_annotations:
+    if not req.wants_gpu and not req.has_annotations and not req.errors:
         return NodeResult(state.name, True, untouched=True)
     if req.errors:
         return NodeResult(state.name, False, tuple(Rejection(C_ANNOTATION, str(e)) for e in req.errors))

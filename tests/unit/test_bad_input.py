@@ -50,3 +50,16 @@ def test_a_node_whose_fields_have_the_wrong_type_gets_a_400_naming_the_field(cli
     r = client.post("/filter", content=json.dumps({"Pod": pod({}), "Nodes": {"items": [node]}}))
     assert r.status_code == 400, r.text
     assert r.json()["Error"].startswith(field + ":")
+
+
+@pytest.mark.parametrize("p, field", [
+    (pod({}, gpus="19e999999"), "resources nvidia.com/gpu"),   # decimal.Overflow before
+    (pod({}, gpus="1e30"), "resources nvidia.com/gpu"),        # beyond int64
+    (pod({"gpuplace.io/vram": "1e999999999Gi"}), "gpuplace.io/vram"),
+    (pod({"gpuplace.io/vram": "9e30"}), "gpuplace.io/vram"),
+])
+def test_out_of_range_quantities_fail_every_node_with_a_reason_naming_the_field(client, p, field):
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200, r.text
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES) and all(v.startswith(field + ":") for v in reasons.values())
