@@ -154,13 +154,18 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[Annot
     return {k: v for k, v in totals.items() if v > 0}, errors
 
 
+MAX_PARAMS = 1e15
+"""Largest parameter count accepted (1000T; the largest published models have ~2T). Beyond it,
+e.g. '1E310' (infinite as a float), there is no VRAM estimate to make."""
+
+
 def parse_params(text: str) -> float:
-    """'7B' -> 7e9, '350M' -> 3.5e8, '1.3e9' -> 1.3e9. Raises ValueError."""
+    """'7B' -> 7e9, '350M' -> 3.5e8, '1.3e9' -> 1.3e9. Raises ValueError (also beyond ``MAX_PARAMS``)."""
     m = _PARAMS.match(text.strip())
     if not m:
         raise ValueError(text)
     value = float(m.group(1)) * _PARAM_SUFFIX.get((m.group(2) or "").lower(), 1.0)
-    if value < 1:
+    if not 1 <= value <= MAX_PARAMS:  # also false for inf and nan
         raise ValueError(text)
     return value
 
@@ -254,7 +259,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         try:
             params = parse_params(str(ours[A_PARAMS]))
         except ValueError:
-            errors.append(AnnotationError(A_PARAMS, f"{ours[A_PARAMS]!r} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9"))
+            errors.append(AnnotationError(A_PARAMS, f"{ours[A_PARAMS]!r} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9 (at most 1000T)"))
 
     workload = _choice(ours, A_WORKLOAD, WORKLOADS, errors)
     precision = _choice(ours, A_PRECISION, PRECISIONS, errors)

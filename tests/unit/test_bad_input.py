@@ -63,3 +63,11 @@ def test_out_of_range_quantities_fail_every_node_with_a_reason_naming_the_field(
     assert r.status_code == 200, r.text
     reasons = r.json()["FailedAndUnresolvableNodes"]
     assert set(reasons) == set(NODES) and all(v.startswith(field + ":") for v in reasons.values())
+
+
+@pytest.mark.parametrize("params", ["1E310", "1e16", "2000T"])
+def test_a_parameter_count_beyond_1000t_is_an_annotation_error_not_an_overflow(client, params):
+    r = client.post("/filter", content=json.dumps({"Pod": pod({"gpuplace.io/model-params": params}), "NodeNames": NODES}))
+    assert r.status_code == 200, r.text  # '1E310' is infinite as a float: int(inf) raised OverflowError before
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES) and all(v.startswith("gpuplace.io/model-params:") for v in reasons.values())
