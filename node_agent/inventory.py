@@ -160,17 +160,21 @@ def decode_inventory_text(text: str | bytes, *, source: str = "inventory") -> di
     """Decode JSON (or YAML) text into a mapping, without validating it.
 
     Raises:
-        InventoryError: larger than ``MAX_ANNOTATION_BYTES``, neither JSON nor YAML, or not a mapping.
+        InventoryError: larger than ``MAX_ANNOTATION_BYTES``, neither JSON nor YAML, nested
+            deeper than the parsers' recursion limit, or not a mapping.
     """
     if len(text) > MAX_ANNOTATION_BYTES:
         raise InventoryError(f"{source}: {len(text)} bytes is larger than the {MAX_ANNOTATION_BYTES} accepted")
     try:
-        decoded = json.loads(text)
-    except ValueError:
         try:
-            decoded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise InventoryError(f"{source}: neither JSON nor YAML ({' '.join(str(e).split())})") from e
+            decoded = json.loads(text)
+        except ValueError:
+            try:
+                decoded = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise InventoryError(f"{source}: neither JSON nor YAML ({' '.join(str(e).split())})") from e
+    except RecursionError as e:  # '[[[[...': both parsers recurse per level
+        raise InventoryError(f"{source}: nested too deeply to be a NodeGPUInventory") from e
     if not isinstance(decoded, dict):
         raise InventoryError(f"{source}: expected a mapping with apiVersion: {API_VERSION}")
     return decoded

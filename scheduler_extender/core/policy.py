@@ -276,6 +276,8 @@ def parse_policy(data: str | dict[str, Any], *, source: str = "policy", catalog:
             data = yaml.safe_load(data)
         except yaml.YAMLError as e:
             raise PolicyError(f"{source}: not valid YAML: {e}") from e
+        except RecursionError as e:  # '[[[[...': the YAML composer recurses per level
+            raise PolicyError(f"{source}: nested too deeply to be a policy") from e
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: expected a mapping with kind: PlacementPolicy")
     try:

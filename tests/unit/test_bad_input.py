@@ -71,3 +71,23 @@ def test_a_parameter_count_beyond_1000t_is_an_annotation_error_not_an_overflow(c
     assert r.status_code == 200, r.text  # '1E310' is infinite as a float: int(inf) raised OverflowError before
     reasons = r.json()["FailedAndUnresolvableNodes"]
     assert set(reasons) == set(NODES) and all(v.startswith("gpuplace.io/model-params:") for v in reasons.values())
+
+
+@pytest.mark.parametrize("text", ["[" * 5000, '{"a":' * 5000, "- " * 5000])
+def test_deeply_nested_inventories_and_policies_are_rejected_not_a_recursion_error(text):
+    # A RecursionError escaped the parsers before: in the watch thread it failed every relist.
+    from node_agent.inventory import InventoryError, parse_inventory
+    from scheduler_extender.core.policy import PolicyError, parse_policy
+
+    with pytest.raises(InventoryError, match="nested too deeply"):
+        parse_inventory(text, source="gpuplace.io/inventory")
+    with pytest.raises(PolicyError):
+        parse_policy(text, source="p.yaml")
+
+
+def test_a_deeply_nested_inventory_annotation_does_not_stop_the_cache_from_syncing():
+    from scheduler_extender.cache import ClusterCache
+
+    c = ClusterCache(default_catalog())
+    c.replace_nodes([{"metadata": {"name": "n1", "annotations": {"gpuplace.io/inventory": "[" * 5000}}}])
+    assert c.nodes_synced and "nested too deeply" in c.state("n1").inventory_error
