@@ -175,8 +175,9 @@ def decode_inventory_text(text: str | bytes, *, source: str = "inventory") -> di
         InventoryError: larger than ``MAX_ANNOTATION_BYTES``, neither JSON nor YAML, nested
             deeper than the parsers' recursion limit, or not a mapping.
     """
-    if len(text) > MAX_ANNOTATION_BYTES:
-        raise InventoryError(f"{source}: {len(text)} bytes is larger than the {MAX_ANNOTATION_BYTES} accepted")
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)  # bytes, not characters
+    if size > MAX_ANNOTATION_BYTES:
+        raise InventoryError(f"{source}: {size} bytes is larger than the {MAX_ANNOTATION_BYTES} accepted")
     try:
         try:
             decoded = json.loads(text)

@@ -107,3 +107,12 @@ def test_an_inventory_with_yaml_aliases_is_rejected_before_validation_walks_the_
     with pytest.raises(InventoryError, match="YAML aliases"):
         parse_inventory(doc, source="gpuplace.io/inventory")
     print(f"rejected in {time.perf_counter() - start:.3f} s")
+
+
+def test_the_inventory_size_limit_counts_bytes_not_characters():
+    from node_agent.inventory import MAX_ANNOTATION_BYTES, InventoryError, parse_inventory
+
+    text = json.dumps({"kind": "NodeGPUInventory", "pad": "💥" * (MAX_ANNOTATION_BYTES // 3)}, ensure_ascii=False)
+    assert len(text) < MAX_ANNOTATION_BYTES < len(text.encode())  # 4 bytes per character
+    with pytest.raises(InventoryError, match="larger than the 131072 accepted"):
+        parse_inventory(text, source="gpuplace.io/inventory")
