@@ -14,6 +14,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.policy import PolicyError, load_policy, policy_json_schema
 from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.tenancy import UNRESTRICTED
 
 
 def _load_pod(path: str) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def render_decision(decision: Decision) -> str:
     job = decision.job
     lines = [f"pod {job.req.key}: {job.describe()}"]
     lines.append(f"size class: {job.size_class.name} ({job.class_reason})")
-    if not job.tenancy.unrestricted:
+    if not job.tenancy.unrestricted or job.tenancy.rule != UNRESTRICTED.rule:  # a tenant matched, or limits
         grant = job.tenancy
         classes = f"classes {grant.classes_text}" if grant.classes is not None else "every class"
         lines.append(f"tenancy: {grant.rule}: {classes}; {grant.models_text()}" if grant.undecided is None

@@ -195,3 +195,31 @@ def test_the_commented_tenancy_example_of_the_default_policy_is_valid():
     uncommented = yaml.safe_load("tenants:\n" + "\n".join(line[2:] for line in example.splitlines()))
     p = parse_policy({**DEFAULT, **uncommented})
     assert [t.name for t in p.tenants] == ["team-a", "premium", "team-b"]
+
+
+# ---- command lines -------------------------------------------------------------------------------
+
+def test_gpuplace_explain_reads_namespace_labels_and_shows_the_tenancy_rule(tmp_path, capsys):
+    from scheduler_extender.gpuplace_cli import main
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({**DEFAULT, **TENANTS}))
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod({"gpuplace.io/gpu-models": "H100", "gpuplace.io/class": "large"},
+                                           namespace="research")))
+    labels = tmp_path / "ns.yaml"
+    labels.write_text("research: {gpu-tier: gold}\n")
+    args = ["explain", str(manifest), "--inventory-dir", str(EXAMPLES / "cluster"), "--policy", str(policy)]
+    assert main(args + ["--namespace-labels", str(labels)]) == 0
+    out = capsys.readouterr().out
+    assert "tenancy: tenancy rule gold (tenants.2)" in out and "best node: gpu-h100-0" in out
+    assert main(args) == 0  # without labels: unknown, so denied, never guessed
+    out = capsys.readouterr().out
+    assert "labels of namespace research are unknown" in out and "best node: none" in out
+
+
+def test_the_extender_takes_namespace_labels_only_in_static_mode(capsys):
+    from scheduler_extender.cli import main
+
+    assert main(["--namespace-labels", "ns.yaml", "--kubeconfig", "k"]) == 2
+    assert "--namespace-labels is for static mode" in capsys.readouterr().err
