@@ -116,3 +116,29 @@ def test_the_inventory_size_limit_counts_bytes_not_characters():
     assert len(text) < MAX_ANNOTATION_BYTES < len(text.encode())  # 4 bytes per character
     with pytest.raises(InventoryError, match="larger than the 131072 accepted"):
         parse_inventory(text, source="gpuplace.io/inventory")
+
+
+@pytest.mark.parametrize("annotation", ["gpuplace.io/model-params", "gpuplace.io/vram", "gpuplace.io/workload",
+                                        "gpuplace.io/require", "gpuplace.io/min-compute-capability", "gpuplace.io/class",
+                                        "gpuplace.io/gpu-models", "gpuplace.io/exclude-gpu-models"])
+def test_a_huge_annotation_value_is_not_echoed_whole_into_every_nodes_reason(client, annotation):
+    # Each node's reason repeated the whole value: a 100 KB annotation made a 900 KB answer for 9 nodes.
+    p = pod({annotation: "x" * 100_000})
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES)
+    assert all(v.startswith(annotation + ":") and "characters)" in v and len(v) < 1000 for v in reasons.values())
+
+
+def test_a_huge_list_of_valid_models_is_cut_in_reasons(client):
+    p = pod({"gpuplace.io/gpu-models": ",".join(["RTX-4090"] * 10_000)})
+    reasons = post_reasons(client, p)
+    assert all(len(v) < 1000 for v in reasons.values()) and "characters)" in reasons["gpu-h100-0"]
+
+
+def post_reasons(client, p):
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200
+    body = r.json()
+    return {**body["FailedNodes"], **body["FailedAndUnresolvableNodes"]}
