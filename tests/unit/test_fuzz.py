@@ -37,6 +37,12 @@ FUZZ = settings(max_examples=EXAMPLES_COUNT, deadline=None, derandomize=EXAMPLES
                                        HealthCheck.function_scoped_fixture])
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
 DEFAULT_POLICY = yaml.safe_load((ROOT / "scheduler_extender" / "data" / "default-policy.yaml").read_text())
+TENANT_POLICY = {**DEFAULT_POLICY, "tenants": [
+    {"name": "team-a", "namespaces": ["team-a"], "classes": ["large"]},
+    {"name": "gold", "namespaceSelector": {"matchLabels": {"tier": "gold"},
+                                           "matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["1"]}]},
+     "allowedModels": ["H100", "A100-80GB"], "deniedModels": ["A100-SXM4-80GB"]}],
+    "defaultTenant": {"classes": ["small", "medium"], "deniedModels": ["H100"]}}
 
 # Numbers as JSON and YAML carry them: huge, negative, fractional, and strings that look like numbers.
 numbers = st.one_of(
@@ -211,8 +217,9 @@ def test_any_inventory_text_is_parsed_or_rejected_with_an_inventory_error(text):
 # ---- the policy file -------------------------------------------------------------------------------
 
 @FUZZ
-@given(doc=st.one_of(mutated(DEFAULT_POLICY), json_values))
-def test_any_policy_is_valid_or_rejected_with_a_policy_error_naming_the_source(doc):
+@given(doc=st.one_of(mutated(DEFAULT_POLICY), mutated(TENANT_POLICY), json_values),
+       labels=st.one_of(st.none(), st.dictionaries(st.sampled_from(["tier", "x", "y"]), st.text(max_size=5))))
+def test_any_policy_is_valid_or_rejected_with_a_policy_error_naming_the_source(doc, labels):
     try:
         policy = parse_policy(doc if isinstance(doc, dict) else yaml.safe_dump(doc), source="p.yaml")
     except PolicyError as e:
@@ -221,8 +228,9 @@ def test_any_policy_is_valid_or_rejected_with_a_policy_error_naming_the_source(d
     # A policy that validates must be usable for every kind of pod.
     engine = Engine(policy)
     states = StaticSource(EXAMPLES / "cluster", default_catalog()).states(NODES, None)
-    for p in (pod({"gpuplace.io/model-params": "13B"}), pod({}, gpus=8), pod({"gpuplace.io/vram": "70Gi"}, namespace="x")):
-        engine.decide(p, states, None)
+    for p in (pod({"gpuplace.io/model-params": "13B"}), pod({}, gpus=8), pod({"gpuplace.io/vram": "70Gi"}, namespace="x"),
+              pod({"gpuplace.io/gpu-models": "H100", "gpuplace.io/class": "large"}, namespace="team-a")):
+        engine.decide(p, states, None, labels)
 
 
 @FUZZ
