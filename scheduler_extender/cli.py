@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from scheduler_extender.cache import ClusterCache
         from scheduler_extender.sources import ClusterSource
-        from scheduler_extender.watch import ClusterWatch
+        from scheduler_extender.watch import ClusterWatch, namespace_reader
         try:
             if args.kubeconfig:
                 config.load_kube_config(config_file=args.kubeconfig)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         cache = ClusterCache(catalog)
-        source = ClusterSource(cache, catalog)
+        source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
         watch.start()
 

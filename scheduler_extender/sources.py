@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
@@ -125,12 +126,26 @@ class StaticSource:
         return sorted(self._states)
 
 
-class ClusterSource:
-    """The watch-fed cache; ready after the first full list of nodes and pods."""
+NAMESPACE_MISS_RETRY_SECONDS = 5.0
+"""After a failed direct read of a namespace, how long its labels stay unknown before the next
+read: a missing RBAC ``get`` or an API outage must not add a round trip to every filter call."""
 
-    def __init__(self, cache: ClusterCache, catalog: Catalog) -> None:
+
+class ClusterSource:
+    """The watch-fed cache; ready after the first full list of nodes, pods and namespaces.
+
+    ``read_namespace`` (name -> decoded Namespace, or None) covers the moment between a
+    namespace's creation and its watch event: a pod created right after its namespace would
+    otherwise be denied by a label-selecting tenant as "labels unknown" and wait for
+    kube-scheduler's next retry.
+    """
+
+    def __init__(self, cache: ClusterCache, catalog: Catalog,
+                 read_namespace: Callable[[str], Mapping[str, Any] | None] | None = None) -> None:
         self.cache = cache
         self._fallback = _AnnotationFallback(catalog)
+        self._read_namespace = read_namespace
+        self._namespace_misses: dict[str, float] = {}  # name -> monotonic time of the failed read
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
         objs = _objects_by_name(node_objects) if node_objects is not None else {}
@@ -144,6 +159,20 @@ class ClusterSource:
         return self.cache.synced
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        labels = self.cache.namespace_labels(namespace)
+        if labels is not None or self._read_namespace is None or not self.cache.namespaces_synced:
+            return labels
+        missed = self._namespace_misses.get(namespace)
+        if missed is not None and time.monotonic() - missed < NAMESPACE_MISS_RETRY_SECONDS:
+            return None
+        obj = self._read_namespace(namespace)
+        if obj is None:
+            if len(self._namespace_misses) > 10_000:
+                self._namespace_misses.clear()
+            self._namespace_misses[namespace] = time.monotonic()
+            return None
+        self._namespace_misses.pop(namespace, None)
+        self.cache.apply_namespace_event("ADDED", obj)
         return self.cache.namespace_labels(namespace)
 
     def inventory_error_count(self) -> int:

@@ -183,6 +183,29 @@ class ResourceWatcher:
                 pass
 
 
+def namespace_reader(api_client: client.ApiClient, timeout_seconds: float = 1.0) -> Callable[[str], dict[str, Any] | None]:
+    """``name -> decoded Namespace`` by a direct GET (None when absent or on any error; logged).
+
+    For ``ClusterSource``: the watch may not have delivered a namespace created a moment ago.
+    The short timeout bounds what a filter call can wait for it (kube-scheduler's default
+    extender ``httpTimeout`` is 5 s).
+    """
+    core = client.CoreV1Api(api_client)
+
+    def read(name: str) -> dict[str, Any] | None:
+        try:
+            resp = core.read_namespace(name, _preload_content=False, _request_timeout=timeout_seconds)
+            return orjson.loads(resp.data)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("reading namespace %s failed: HTTP %s %s", name, e.status, _truncate(e.reason))
+        except Exception as e:  # noqa: BLE001 - timeouts, resets: the labels stay unknown
+            log.warning("reading namespace %s failed: %s: %s", name, type(e).__name__, _truncate(e))
+        return None
+
+    return read
+
+
 class ClusterWatch:
     """Runs the node, pod and namespace watchers in daemon threads.
 

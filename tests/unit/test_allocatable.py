@@ -106,20 +106,3 @@ def test_full_node_list_requests_check_the_inventory_against_the_nodes_own_alloc
         got = r.json()
     assert [n["metadata"]["name"] for n in got["Nodes"]["items"]] == ["gpu-4090-1"]
     assert "claims 4 healthy nvidia.com/gpu" in got["FailedAndUnresolvableNodes"]["gpu-4090-0"]
-
-
-def test_namespaces_are_cached_with_their_labels_and_unknown_ones_stay_unknown():
-    c = ClusterCache(default_catalog())
-    assert c.namespace_labels("team-a") is None
-    c.namespaces_synced = False  # what ClusterWatch sets when it watches namespaces
-    c.replace_nodes([])
-    c.replace_pods([])
-    assert not c.synced
-    c.replace_namespaces([{"metadata": {"name": "team-a", "labels": {"gpu-team": "a"}}}])
-    assert c.synced and c.namespace_labels("team-a") == {"gpu-team": "a"}
-    c.apply_namespace_event("ADDED", {"metadata": {"name": "team-b"}})
-    assert c.namespace_labels("team-b") == {}
-    c.apply_namespace_event("MODIFIED", {"metadata": {"name": "team-a", "labels": {"gpu-team": "b"}}})
-    assert c.namespace_labels("team-a") == {"gpu-team": "b"}
-    c.apply_namespace_event("DELETED", {"metadata": {"name": "team-a"}})
-    assert c.namespace_labels("team-a") is None
