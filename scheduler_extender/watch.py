@@ -159,9 +159,17 @@ class ResourceWatcher:
                     log.info("%s watch expired (410 Gone); relisting", self.kind)
                     rv = None
                     continue
-                self._mark_unsynced()
-                log.warning("%s watch failed: HTTP %s %s; retrying in %.1f s", self.kind, e.status,
-                            _truncate(e.reason), backoff)
+                if e.status == 403 and self.kind == "namespaces":
+                    # Labels only serve tenants that select namespaces by label, which then deny
+                    # (labels unknown); a missing RBAC rule must not take the whole extender down.
+                    self._cache.namespaces_synced = None
+                    log.error("cannot list/watch namespaces (HTTP 403): grant the extender's ServiceAccount "
+                              "get, list and watch on namespaces; until then tenants with a namespaceSelector "
+                              "deny pods (labels unknown); retrying in %.1f s", backoff)
+                else:
+                    self._mark_unsynced()
+                    log.warning("%s watch failed: HTTP %s %s; retrying in %.1f s", self.kind, e.status,
+                                _truncate(e.reason), backoff)
                 rv = None
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF_SECONDS, backoff * 2) * random.uniform(0.8, 1.2)
@@ -210,8 +218,9 @@ class ClusterWatch:
     """Runs the node, pod and namespace watchers in daemon threads.
 
     Namespaces are watched for their labels (policy tenants may select namespaces by label);
-    the extender's ServiceAccount needs ``list`` and ``watch`` on ``namespaces``, and ``/readyz``
-    waits for their first list too.
+    the extender's ServiceAccount needs ``get``, ``list`` and ``watch`` on ``namespaces``, and
+    ``/readyz`` waits for their first list too, unless listing them is forbidden (then labels stay
+    unknown: tenants that select by label deny, and an error is logged).
     """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterCache,

@@ -110,3 +110,21 @@ def test_namespaces_are_listed_then_watched_for_their_labels():
     assert cache.namespaces_synced is True
     assert cache.namespace_labels("team-b") == {"x": "y"} and cache.namespace_labels("team-a") is None
     assert api.calls[1]["resource_version"] == "5"
+
+
+def test_forbidden_namespaces_do_not_block_readiness_and_leave_labels_unknown():
+    from kubernetes.client.rest import ApiException
+
+    stop = threading.Event()
+
+    def forbidden(**kw):
+        stop.set()
+        raise ApiException(status=403, reason="Forbidden")
+
+    cache = ClusterCache(default_catalog())
+    cache.replace_nodes([])
+    cache.replace_pods([])
+    cache.namespaces_synced = False
+    assert not cache.synced
+    ResourceWatcher("namespaces", forbidden, cache, stop).run()
+    assert cache.synced and cache.namespace_labels("team-a") is None
