@@ -5,12 +5,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane demo test test-unit test-e2e lint clean
+.PHONY: help install controlplane demo test test-unit test-e2e lint clean fuzz
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
 	@echo "make test-unit   fast tests only (no control plane)"
+	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
 
@@ -33,6 +34,10 @@ demo: install controlplane
 
 test-unit: install
 	$(BIN)/pytest -q -m "not e2e"
+
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	GPUPLACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q tests/unit/test_fuzz.py
 
 test-e2e: install controlplane
 	$(BIN)/pytest -q -m e2e

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
+from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view
 from scheduler_extender.core.requirements import pod_gpu_requests
@@ -33,6 +34,7 @@ class _Node:
     annotation: str | None
     view: NodeView | None
     error: str | None
+    allocatable: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,13 @@ class CacheStats:
     inventory_errors: dict[str, str] = field(default_factory=dict)
 
 
-def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog) -> tuple[NodeView | None, str | None]:
-    """(view, None) for a valid annotation, (None, reason) otherwise; never raises."""
+def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
+                         allocatable: Mapping[str, int] | None = None) -> tuple[NodeView | None, str | None]:
+    """(view, None) for a valid annotation, (None, reason) otherwise; never raises.
+
+    ``allocatable``: the Node's GPU resources from ``status.allocatable`` (None: unknown, not
+    checked); an inventory claiming more than it is rejected (``core.allocatable``).
+    """
     if annotation is None:
         return None, None
     try:
@@ -60,7 +67,11 @@ def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog) ->
         return None, str(e)
     if inv.node_name != name:
         return None, f"{ANNOTATION}: nodeName {inv.node_name!r} is not this node ({name!r})"
-    return build_node_view(inv, catalog, name), None
+    view = build_node_view(inv, catalog, name)
+    contradiction = allocatable_contradiction(view, allocatable)
+    if contradiction is not None:
+        return None, f"{ANNOTATION}: {contradiction}"
+    return view, None
 
 
 class ClusterCache:
@@ -73,14 +84,16 @@ class ClusterCache:
         self._pods: dict[str, _Pod] = {}  # uid -> pod holding GPUs on a node
         self._pods_by_node: dict[str, set[str]] = {}
         self._states: dict[str, NodeState] = {}
+        self._namespaces: dict[str, Mapping[str, str]] = {}  # name -> labels
         self.nodes_synced = False
         self.pods_synced = False
+        self.namespaces_synced: bool | None = None  # None: namespaces are not watched
         self.stats = CacheStats()
 
     # ---- readiness ---------------------------------------------------------------------------
     @property
     def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        return self.nodes_synced and self.pods_synced and self.namespaces_synced is not False
 
     # ---- nodes -------------------------------------------------------------------------------
     def _set_node(self, obj: Mapping[str, Any]) -> None:
@@ -89,11 +102,17 @@ class ClusterCache:
         if not name:
             return
         annotation = (meta.get("annotations") or {}).get(ANNOTATION)
+        allocatable = gpu_allocatable(obj)
         current = self._nodes.get(name)
-        if current is not None and current.annotation == annotation:
-            return  # unchanged inventory: keep the parsed view
-        view, error = parse_node_inventory(name, annotation, self._catalog)
-        self._nodes[name] = _Node(name, annotation, view, error)
+        if current is not None and current.annotation == annotation and current.allocatable == allocatable:
+            return  # unchanged inventory and GPU allocatable: keep the parsed view
+        if current is not None and current.annotation == annotation and current.view is not None:
+            # Only allocatable changed: re-check the parsed view instead of parsing again.
+            contradiction = allocatable_contradiction(current.view, allocatable)
+            view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
+        else:
+            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable)
         if error:
             self.stats.inventory_errors[name] = error
         else:
@@ -166,6 +185,41 @@ class ClusterCache:
             for obj in objs:
                 self._set_pod(obj)
             self.pods_synced = True
+
+    # ---- namespaces (labels, for policy tenants that select namespaces by label) --------------
+    @staticmethod
+    def _namespace_entry(obj: Mapping[str, Any]) -> tuple[str | None, dict[str, str]]:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        return meta.get("name"), {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+    def apply_namespace_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        name, labels = self._namespace_entry(obj)
+        if not name:
+            return
+        with self._lock:
+            if event_type == "DELETED":
+                self._namespaces.pop(name, None)
+            else:
+                self._namespaces[name] = labels
+
+    def replace_namespaces(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: namespaces not in it are gone."""
+        entries = dict(self._namespace_entry(o) for o in objs)
+        entries.pop(None, None)
+        with self._lock:
+            self._namespaces = entries  # type: ignore[assignment]
+            self.namespaces_synced = True
+
+    def namespace_labels(self, name: str) -> Mapping[str, str] | None:
+        """Labels of namespace ``name``; None when unknown (not watched, or not seen yet)."""
+        with self._lock:
+            return self._namespaces.get(name)
+
+    def inventory_error_count(self) -> int:
+        """Nodes whose inventory is rejected (invalid, for another node, or contradicted by allocatable)."""
+        with self._lock:
+            return len(self.stats.inventory_errors)
 
     # ---- reads -------------------------------------------------------------------------------
     def _allocation(self, node: _Node) -> NodeAllocation:

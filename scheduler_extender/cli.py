@@ -25,7 +25,8 @@ and scores the rest (cheapest GPU that fits, MIG slices for jobs that fit one, N
 
 Modes:
   static   --inventory-dir DIR: one NodeGPUInventory file per node; no cluster needed.
-  cluster  --kubeconfig FILE, or in-cluster config: watches Nodes (inventory annotation) and Pods.
+  cluster  --kubeconfig FILE, or in-cluster config: watches Nodes (inventory annotation, allocatable),
+           Pods, and Namespaces (labels, for policy tenants).
 
 Also serves GET /healthz, /readyz (ready after the first full sync), /metrics.
 """
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", metavar="FILE",
                    help="placement policy YAML (default: the shipped policy); reloaded when the file changes, "
                         "an invalid change is rejected and the running policy kept")
+    p.add_argument("--namespace-labels", metavar="FILE",
+                   help="static mode: labels of namespaces, for policy tenants with a namespaceSelector "
+                        "(YAML namespace: {label: value}, or `kubectl get namespaces -o yaml`); without it, "
+                        "labels are unknown and such tenants deny rather than guess. Cluster mode watches Namespaces.")
     p.add_argument("--policy-poll-seconds", type=float, default=5.0,
                    help="how often to check --policy for changes (default: 5)")
     p.add_argument("--policy-configmap", metavar="NAMESPACE/NAME",
@@ -150,11 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(policy, catalog)
     metrics = ExtenderMetrics()
 
+    if args.namespace_labels and not args.inventory_dir:
+        print("gpuplace-extender: --namespace-labels is for static mode (--inventory-dir); "
+              "cluster mode reads namespace labels from the API server", file=sys.stderr)
+        return 2
     if args.inventory_dir:
-        from scheduler_extender.sources import StaticSource
+        from scheduler_extender.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
         try:
-            source = StaticSource(args.inventory_dir, catalog)
-        except FileNotFoundError as e:
+            labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
+            source = StaticSource(args.inventory_dir, catalog, labels)
+        except (FileNotFoundError, NamespaceLabelsError) as e:
             print(f"gpuplace-extender: {e}", file=sys.stderr)
             return 2
         metrics.inventory_errors.set(len(source.errors))
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from scheduler_extender.cache import ClusterCache
         from scheduler_extender.sources import ClusterSource
-        from scheduler_extender.watch import ClusterWatch
+        from scheduler_extender.watch import ClusterWatch, namespace_reader
         try:
             if args.kubeconfig:
                 config.load_kube_config(config_file=args.kubeconfig)
@@ -178,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         cache = ClusterCache(catalog)
-        source = ClusterSource(cache, catalog)
+        source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
         watch.start()
         pending = _start_pending_watch(watch, metrics)

@@ -14,6 +14,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.policy import PolicyError, load_policy, policy_json_schema
 from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.tenancy import UNRESTRICTED
 
 
 def _load_pod(path: str) -> dict[str, Any]:
@@ -30,6 +31,11 @@ def render_decision(decision: Decision) -> str:
     job = decision.job
     lines = [f"pod {job.req.key}: {job.describe()}"]
     lines.append(f"size class: {job.size_class.name} ({job.class_reason})")
+    if not job.tenancy.unrestricted or job.tenancy.rule != UNRESTRICTED.rule:  # a tenant matched, or limits
+        grant = job.tenancy
+        classes = f"classes {grant.classes_text}" if grant.classes is not None else "every class"
+        lines.append(f"tenancy: {grant.rule}: {classes}; {grant.models_text()}" if grant.undecided is None
+                     else f"tenancy: {grant.undecided}")
     if job.vram is not None:
         lines.append(f"VRAM per GPU: {fmt_gib(job.vram.bytes_per_gpu)} ({job.vram.source})")
         for name, value in job.vram.terms:
@@ -57,21 +63,27 @@ def render_decision(decision: Decision) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from scheduler_extender.sources import StaticSource
+    from scheduler_extender.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
     try:
         policy = load_policy(args.policy)
     except PolicyError as e:
         print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
         return 2
+    try:
+        labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
+    except NamespaceLabelsError as e:
+        print(f"gpuplace: --namespace-labels {e}", file=sys.stderr)
+        return 2
     engine = Engine(policy)
-    source = StaticSource(args.inventory_dir, engine.catalog)
+    source = StaticSource(args.inventory_dir, engine.catalog, labels)
     try:
         pod = _load_pod(args.pod)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
     names = source.node_names()
-    decision = engine.decide(pod, source.states(names, None), source.now())
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    decision = engine.decide(pod, source.states(names, None), source.now(), source.namespace_labels(namespace))
     print(render_decision(decision))
     return 0
 
@@ -113,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("pod", help="pod manifest (YAML/JSON), '-' for stdin")
     e.add_argument("--inventory-dir", required=True, metavar="DIR", help="one NodeGPUInventory file per node")
     e.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
+    e.add_argument("--namespace-labels", metavar="FILE",
+                   help="labels of namespaces for tenants with a namespaceSelector (YAML namespace: {label: value}, "
+                        "or `kubectl get namespaces -o yaml`); without it such tenants deny (labels unknown)")
     e.set_defaults(fn=cmd_explain)
     pol = sub.add_parser("policy", help="validate a policy file or print its JSON Schema")
     psub = pol.add_subparsers(dest="policy_command", required=True)

@@ -42,7 +42,7 @@ class ExtenderMetrics:
             "gpuplace_extender_cache_synced", "1 when the node and pod caches are synced with the API server.",
             registry=r)
         self.inventory_errors = Gauge(
-            "gpuplace_extender_inventory_rejected_nodes", "Nodes whose inventory annotation is invalid.",
+            "gpuplace_extender_inventory_rejected_nodes", "Nodes whose inventory is rejected: invalid, naming another node, or claiming more GPUs than the Node's allocatable.",
             registry=r)
         self.relists = Counter(
             "gpuplace_extender_watch_relists_total", "Full relists of a watched resource.", ["resource"], registry=r)

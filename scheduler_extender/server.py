@@ -42,9 +42,18 @@ class ExtenderService:
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
         states = self.source.states(names, args.Nodes.items if args.Nodes is not None else None)
-        job = engine.job(args.Pod)
+        job = engine.job(args.Pod, self._namespace_labels(args.Pod))
         results = engine.filter(job, states, self.source.now())
         return engine, job, names, results, states
+
+    def _namespace_labels(self, pod: Any) -> Any:
+        """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
+        lookup = getattr(self.source, "namespace_labels", None)
+        if lookup is None:
+            return None
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
+        return lookup(str(namespace))
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         engine, job, names, results, _ = self._decide(args)
@@ -154,6 +163,9 @@ def create_app(service: ExtenderService) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         m.cache_synced.set(1 if service.source.ready() else 0)
+        rejected = getattr(service.source, "inventory_error_count", None)
+        if rejected is not None:  # nodes whose inventory is invalid or contradicted by allocatable
+            m.inventory_errors.set(rejected())
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def not_allowed(request: Request) -> Response:

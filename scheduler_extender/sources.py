@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+
+from node_agent.inventory import ANNOTATION, InventoryError, format_validation_error, parse_inventory
 from scheduler_extender.cache import ClusterCache, parse_node_inventory
+from scheduler_extender.core.allocatable import gpu_allocatable
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view
 
@@ -33,17 +38,18 @@ class _AnnotationFallback:
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        self._memo: dict[tuple[str, str], NodeState] = {}
+        self._memo: dict[tuple[Any, ...], NodeState] = {}
 
     def state(self, name: str, obj: Mapping[str, Any] | None) -> NodeState:
         annotation = ((obj or {}).get("metadata") or {}).get("annotations", {}) or {}
         text = annotation.get(ANNOTATION)
         if text is None:
             return NodeState(name=name, view=None)
-        key = (name, text)
+        allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
+        key = (name, text, None if allocatable is None else tuple(sorted(allocatable.items())))
         st = self._memo.get(key)
         if st is None:
-            view, error = parse_node_inventory(name, text, self._catalog)
+            view, error = parse_node_inventory(name, text, self._catalog, allocatable)
             alloc = allocation_from_inventory(view) if view else None
             st = NodeState(name=name, view=view, inventory_error=error, **({"allocation": alloc} if alloc else {}))
             if len(self._memo) > 50_000:
@@ -63,9 +69,11 @@ class StaticSource:
     with the validation message; it never stops the server.
     """
 
-    def __init__(self, directory: str | Path, catalog: Catalog) -> None:
+    def __init__(self, directory: str | Path, catalog: Catalog,
+                 namespace_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.directory = Path(directory)
         self._catalog = catalog
+        self._namespace_labels = namespace_labels
         self._states: dict[str, NodeState] = {}
         self._fallback = _AnnotationFallback(catalog)
         self.errors: dict[str, str] = {}
@@ -107,16 +115,37 @@ class StaticSource:
     def now(self) -> dt.datetime | None:
         return None  # files are the truth: no staleness in static mode
 
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """From ``--namespace-labels``; None (unknown) without it or for a namespace it lacks."""
+        return None if self._namespace_labels is None else self._namespace_labels.get(namespace)
+
+    def inventory_error_count(self) -> int:
+        return len(self.errors)
+
     def node_names(self) -> list[str]:
         return sorted(self._states)
 
 
-class ClusterSource:
-    """The watch-fed cache; ready after the first full list of nodes and pods."""
+NAMESPACE_MISS_RETRY_SECONDS = 5.0
+"""After a failed direct read of a namespace, how long its labels stay unknown before the next
+read: a missing RBAC ``get`` or an API outage must not add a round trip to every filter call."""
 
-    def __init__(self, cache: ClusterCache, catalog: Catalog) -> None:
+
+class ClusterSource:
+    """The watch-fed cache; ready after the first full list of nodes, pods and namespaces.
+
+    ``read_namespace`` (name -> decoded Namespace, or None) covers the moment between a
+    namespace's creation and its watch event: a pod created right after its namespace would
+    otherwise be denied by a label-selecting tenant as "labels unknown" and wait for
+    kube-scheduler's next retry.
+    """
+
+    def __init__(self, cache: ClusterCache, catalog: Catalog,
+                 read_namespace: Callable[[str], Mapping[str, Any] | None] | None = None) -> None:
         self.cache = cache
         self._fallback = _AnnotationFallback(catalog)
+        self._read_namespace = read_namespace
+        self._namespace_misses: dict[str, float] = {}  # name -> monotonic time of the failed read
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
         objs = _objects_by_name(node_objects) if node_objects is not None else {}
@@ -129,8 +158,79 @@ class ClusterSource:
     def ready(self) -> bool:
         return self.cache.synced
 
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        labels = self.cache.namespace_labels(namespace)
+        if labels is not None or self._read_namespace is None or not self.cache.namespaces_synced:
+            return labels
+        missed = self._namespace_misses.get(namespace)
+        if missed is not None and time.monotonic() - missed < NAMESPACE_MISS_RETRY_SECONDS:
+            return None
+        obj = self._read_namespace(namespace)
+        if obj is None:
+            if len(self._namespace_misses) > 10_000:
+                self._namespace_misses.clear()
+            self._namespace_misses[namespace] = time.monotonic()
+            return None
+        self._namespace_misses.pop(namespace, None)
+        self.cache.apply_namespace_event("ADDED", obj)
+        return self.cache.namespace_labels(namespace)
+
+    def inventory_error_count(self) -> int:
+        return self.cache.inventory_error_count()
+
     def now(self) -> dt.datetime | None:
         return dt.datetime.now(dt.timezone.utc)
 
     def node_names(self) -> list[str]:
         return self.cache.node_names()
+
+
+class _NamespaceMeta(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class _NamespaceObject(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    metadata: _NamespaceMeta
+
+
+class _NamespaceList(BaseModel):
+    """``kubectl get namespaces -o yaml``."""
+
+    model_config = ConfigDict(extra="ignore")
+    items: list[_NamespaceObject]
+
+
+_LabelsByNamespace = RootModel[dict[str, dict[str, str]]]
+
+
+class NamespaceLabelsError(ValueError):
+    """A ``--namespace-labels`` file that cannot be used; the message names the field."""
+
+
+def load_namespace_labels(path: str | Path) -> dict[str, dict[str, str]]:
+    """Namespace labels for static mode and ``gpuplace explain``: namespace -> labels.
+
+    Accepts either a mapping (``team-a: {tier: gold}``) or the output of
+    ``kubectl get namespaces -o yaml`` (a List of Namespaces). Namespaces the file does not name
+    have unknown labels (tenants that select by label then deny, see ``core.tenancy``).
+
+    Raises:
+        NamespaceLabelsError: unreadable, not YAML/JSON, or neither shape (field path named).
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise NamespaceLabelsError(f"{path}: cannot read: {e}") from e
+    except yaml.YAMLError as e:
+        raise NamespaceLabelsError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e
+    try:
+        if isinstance(data, dict) and "items" in data:
+            return {o.metadata.name: o.metadata.labels for o in _NamespaceList.model_validate(data).items}
+        return _LabelsByNamespace.model_validate(data).root
+    except ValidationError as e:
+        raise NamespaceLabelsError(
+            f"{path}: {format_validation_error(e)} (expected namespace: {{label: value}}, "
+            f"or `kubectl get namespaces -o yaml`)") from e

@@ -1,4 +1,4 @@
-"""List-then-watch of Nodes and Pods into the ``ClusterCache`` (cluster mode's only I/O).
+"""List-then-watch of Nodes, Pods and Namespaces into the ``ClusterCache`` (cluster mode's only I/O).
 
 The loop follows the client-go reflector, as kopf does (``_cogs/clients/watching.py``): list (in
 pages), hand the whole list to the cache, then watch from the list's ``resourceVersion`` with
@@ -90,6 +90,8 @@ class ResourceWatcher:
                 break
         if self.kind == "nodes":
             self._cache.replace_nodes(items)
+        elif self.kind == "namespaces":
+            self._cache.replace_namespaces(items)
         else:
             self._cache.replace_pods(items)
         self._cache.stats.relists += 1
@@ -121,6 +123,8 @@ class ResourceWatcher:
                 if etype != "BOOKMARK":
                     if self.kind == "nodes":
                         self._cache.apply_node_event(etype, obj)
+                    elif self.kind == "namespaces":
+                        self._cache.apply_namespace_event(etype, obj)
                     else:
                         self._cache.apply_pod_event(etype, obj)
                 if new_rv:
@@ -133,6 +137,8 @@ class ResourceWatcher:
     def _mark_unsynced(self) -> None:
         if self.kind == "nodes":
             self._cache.nodes_synced = False
+        elif self.kind == "namespaces":
+            self._cache.namespaces_synced = False
         else:
             self._cache.pods_synced = False
 
@@ -153,9 +159,17 @@ class ResourceWatcher:
                     log.info("%s watch expired (410 Gone); relisting", self.kind)
                     rv = None
                     continue
-                self._mark_unsynced()
-                log.warning("%s watch failed: HTTP %s %s; retrying in %.1f s", self.kind, e.status,
-                            _truncate(e.reason), backoff)
+                if e.status == 403 and self.kind == "namespaces":
+                    # Labels only serve tenants that select namespaces by label, which then deny
+                    # (labels unknown); a missing RBAC rule must not take the whole extender down.
+                    self._cache.namespaces_synced = None
+                    log.error("cannot list/watch namespaces (HTTP 403): grant the extender's ServiceAccount "
+                              "get, list and watch on namespaces; until then tenants with a namespaceSelector "
+                              "deny pods (labels unknown); retrying in %.1f s", backoff)
+                else:
+                    self._mark_unsynced()
+                    log.warning("%s watch failed: HTTP %s %s; retrying in %.1f s", self.kind, e.status,
+                                _truncate(e.reason), backoff)
                 rv = None
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF_SECONDS, backoff * 2) * random.uniform(0.8, 1.2)
@@ -177,8 +191,37 @@ class ResourceWatcher:
                 pass
 
 
+def namespace_reader(api_client: client.ApiClient, timeout_seconds: float = 1.0) -> Callable[[str], dict[str, Any] | None]:
+    """``name -> decoded Namespace`` by a direct GET (None when absent or on any error; logged).
+
+    For ``ClusterSource``: the watch may not have delivered a namespace created a moment ago.
+    The short timeout bounds what a filter call can wait for it (kube-scheduler's default
+    extender ``httpTimeout`` is 5 s).
+    """
+    core = client.CoreV1Api(api_client)
+
+    def read(name: str) -> dict[str, Any] | None:
+        try:
+            resp = core.read_namespace(name, _preload_content=False, _request_timeout=timeout_seconds)
+            return orjson.loads(resp.data)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("reading namespace %s failed: HTTP %s %s", name, e.status, _truncate(e.reason))
+        except Exception as e:  # noqa: BLE001 - timeouts, resets: the labels stay unknown
+            log.warning("reading namespace %s failed: %s: %s", name, type(e).__name__, _truncate(e))
+        return None
+
+    return read
+
+
 class ClusterWatch:
-    """Runs the node and pod watchers in daemon threads."""
+    """Runs the node, pod and namespace watchers in daemon threads.
+
+    Namespaces are watched for their labels (policy tenants may select namespaces by label);
+    the extender's ServiceAccount needs ``get``, ``list`` and ``watch`` on ``namespaces``, and
+    ``/readyz`` waits for their first list too, unless listing them is forbidden (then labels stay
+    unknown: tenants that select by label deny, and an error is logged).
+    """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterCache,
                  on_relist: Callable[[str], None] | None = None) -> None:
@@ -188,7 +231,9 @@ class ClusterWatch:
             ResourceWatcher("nodes", core.list_node, cache, self.stop_event, on_relist=on_relist),
             ResourceWatcher("pods", core.list_pod_for_all_namespaces, cache, self.stop_event,
                             field_selector=POD_FIELD_SELECTOR, on_relist=on_relist),
+            ResourceWatcher("namespaces", core.list_namespace, cache, self.stop_event, on_relist=on_relist),
         ]
+        cache.namespaces_synced = False
         self.threads = [threading.Thread(target=w.run, name=f"watch-{w.kind}", daemon=True) for w in self.watchers]
 
     def start(self) -> None:

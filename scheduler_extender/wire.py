@@ -14,7 +14,65 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+# The fields of v1.Pod and v1.Node the extender reads, with their API types, so that a body whose
+# Pod or Node has, say, a list for metadata or a number for an annotation is a 400 naming the
+# field, not a crash further in. Every other field is ignored, as kube-scheduler sends whole objects.
+
+
+def _quantity_type(value: Any) -> Any:
+    # resource.Quantity is a string on the wire; numbers come from hand-made bodies. Whether the
+    # text is a valid quantity is for the parser to say (with the pod's field in the reason).
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("a quantity must be a string such as '1' or '40Gi'")
+    return value
+
+
+Quantity = Annotated[Any, BeforeValidator(_quantity_type)]
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ObjectMeta(_Shape):
+    name: StrictStr | None = None
+    namespace: StrictStr | None = None
+    uid: StrictStr | None = None
+    annotations: dict[str, StrictStr] | None = None
+    labels: dict[str, StrictStr] | None = None
+
+
+class ResourceRequirements(_Shape):
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+
+
+class Container(_Shape):
+    resources: ResourceRequirements | None = None
+
+
+class PodSpec(_Shape):
+    containers: list[Container] | None = None
+    init_containers: list[Container] | None = Field(default=None, alias="initContainers")
+    node_name: StrictStr | None = Field(default=None, alias="nodeName")
+
+
+class PodFields(_Shape):
+    metadata: ObjectMeta | None = None
+    spec: PodSpec | None = None
+
+
+class NodeStatus(_Shape):
+    allocatable: dict[str, Quantity] | None = None
+
+
+class NodeFields(_Shape):
+    metadata: ObjectMeta | None = None
+    status: NodeStatus | None = None
 
 
 class NodeList(BaseModel):
@@ -65,7 +123,9 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
 
     Raises:
         WireError: not JSON, not an object, no ``Pod``, neither ``Nodes`` nor ``NodeNames``, or
-            a field of the wrong type; the message names the field.
+            a field of the wrong type (also a field of the Pod or a Node that the extender reads:
+            metadata, annotations, labels, container resources, allocatable); the message
+            names the field.
     """
     try:
         raw = orjson.loads(body)
@@ -79,11 +139,27 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if data.get("Nodes") is None and data.get("NodeNames") is None:
         raise WireError("Nodes or NodeNames: one is required (nodeCacheCapable false or true)")
     try:
-        return ExtenderArgs.model_validate(data)
+        args = ExtenderArgs.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        path = ".".join(str(p) for p in first["loc"])
-        raise WireError(f"{path}: {first['msg']}") from e
+        raise WireError(_first_error(e)) from e
+    # The objects are kept as sent; only the fields the extender reads are type-checked.
+    _check_fields(PodFields, args.Pod, "Pod")
+    for i, item in enumerate(args.Nodes.items if args.Nodes is not None else ()):
+        _check_fields(NodeFields, item, f"Nodes.items.{i}")
+    return args
+
+
+def _first_error(e: ValidationError, prefix: str = "") -> str:
+    first = e.errors()[0]
+    path = ".".join(str(p) for p in (*([prefix] if prefix else []), *first["loc"]))
+    return f"{path}: {first['msg'].removeprefix('Value error, ')}"
+
+
+def _check_fields(model: type[BaseModel], obj: dict[str, Any], prefix: str) -> None:
+    try:
+        model.model_validate(obj)
+    except ValidationError as e:
+        raise WireError(_first_error(e, prefix)) from e
 
 
 def dumps(obj: Any) -> bytes:

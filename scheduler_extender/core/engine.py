@@ -40,8 +40,9 @@ class Engine:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
 
-    def job(self, pod: Mapping[str, Any]) -> Job:
-        return resolve_job(pod, self.policy, self.catalog)
+    def job(self, pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
+        """The pod resolved against this engine's policy; ``namespace_labels`` None: unknown."""
+        return resolve_job(pod, self.policy, self.catalog, namespace_labels)
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
         return [filter_node(job, s, self.policy, now) for s in states]
@@ -50,7 +51,8 @@ class Engine:
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
         return {s.node: s for s in score_nodes(job, passed, self.policy)}
 
-    def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None) -> Decision:
-        job = self.job(pod)
+    def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
+               namespace_labels: Mapping[str, str] | None = None) -> Decision:
+        job = self.job(pod, namespace_labels)
         results = self.filter(job, states, now)
         return Decision(job, results, self.score(job, states, results))

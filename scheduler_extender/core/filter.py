@@ -41,8 +41,9 @@ C_DEVICE_KIND = "device-kind"
 C_COUNT = "gpu-count"
 C_FREE = "free-gpus"
 C_NVLINK = "nvlink"
+C_TENANT = "tenant-allowed"
 CRITERIA = (C_ANNOTATION, C_INVENTORY, C_RESOURCE, C_HEALTHY, C_RUNTIME, C_MODEL, C_CLASS, C_CC,
-            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK)
+            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK, C_TENANT)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,18 @@ def check_class_allowed(unit: Unit, job: Job) -> str | None:
     if model_id is not None and model_id in job.class_denied_models:
         return f"{unit.model} is kept for larger jobs; this pod is class {cls.name} (policy deniedModels)"
     return None
+
+
+def check_tenant_allowed(unit: Unit, job: Job) -> str | None:
+    """The namespace's entitlement (policy ``tenants``): models, for full GPUs and MIG devices alike.
+
+    A MIG device is its parent GPU's model: keeping H100s for one team keeps their slices too.
+    """
+    grant = job.tenancy
+    why = grant.model_denial(unit.entry.id if unit.entry else None)
+    if why is None:
+        return None
+    return f"{unit.model} not entitled to namespace {grant.namespace}: {grant.rule} {why}"
 
 
 def check_compute_capability(unit: Unit, job: Job) -> str | None:
@@ -294,13 +307,15 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         ``NodeResult`` with every failing reason, or the chosen units when the node passes.
     """
     req = job.req
-    if not req.wants_gpu and not req.has_annotations:
+    if not req.wants_gpu and not req.has_annotations and not req.errors:
         return NodeResult(state.name, True, untouched=True)
     if req.errors:
         return NodeResult(state.name, False, tuple(Rejection(C_ANNOTATION, str(e)) for e in req.errors))
     if not req.wants_gpu:
         # Annotated but asks for no GPU: nothing to place; the device plugin would give it none.
         return NodeResult(state.name, True, untouched=True)
+    if job.tenant_denial is not None:
+        return NodeResult(state.name, False, (Rejection(C_TENANT, job.tenant_denial),))
 
     inv = inventory_rejection(state, policy, now)
     if inv is not None:
@@ -322,6 +337,7 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         (C_RUNTIME, check_runtime),
         (C_MODEL, check_model_allowed),
         (C_CLASS, check_class_allowed),
+        (C_TENANT, check_tenant_allowed),
         (C_CC, check_compute_capability),
         (C_VRAM, check_vram),
         (C_ECC, check_ecc),

@@ -9,7 +9,8 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.estimate import VramEstimate, estimate_vram
 from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
-from scheduler_extender.core.requirements import JobRequirements, parse_pod
+from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod
+from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class Job:
 
     ``vram`` is None when the pod gives neither ``gpuplace.io/vram`` nor
     ``gpuplace.io/model-params``: the need is unknown and no VRAM check applies.
+    ``tenancy`` is the entitlement of the pod's namespace (policy ``tenants``), resolved with the
+    namespace's labels; ``tenant_denial`` says why the request as a whole is outside it (a class or
+    ``gpu-models`` it may not use, or labels needed to decide that are unknown), None otherwise.
     """
 
     req: JobRequirements
@@ -27,6 +31,8 @@ class Job:
     class_reason: str
     class_allowed_models: frozenset[str] | None = None  # catalog ids; None: any model
     class_denied_models: frozenset[str] = frozenset()
+    tenancy: TenantGrant = UNRESTRICTED
+    tenant_denial: str | None = None
 
     @property
     def errors(self):  # noqa: ANN201 - tuple of AnnotationError
@@ -45,8 +51,32 @@ class Job:
         return "; ".join(parts)
 
 
-def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog) -> Job:
-    """Parse a pod and resolve it against the policy. Never raises for bad pod content."""
+def tenant_denial(req: JobRequirements, size_class: SizeClass, class_reason: str, grant: TenantGrant) -> str | None:
+    """Why the request as a whole is outside the namespace's entitlement, or None.
+
+    Annotations narrow, never widen: a pinned ``gpuplace.io/class`` or an assigned class must be
+    one the namespace may use, and a ``gpuplace.io/gpu-models`` list must keep at least one model
+    it may use (models it may not use are then rejected per GPU by the filter).
+    """
+    ns = req.namespace
+    if grant.undecided is not None:
+        return grant.undecided
+    if not grant.permits_class(size_class.name):
+        what = f"{A_CLASS}: {size_class.name}" if class_reason == A_CLASS else \
+            f"class {size_class.name} (assigned by policy {class_reason})"
+        return f"{what} not entitled to namespace {ns}: {grant.rule} allows classes {grant.classes_text}"
+    if req.allowed_models is not None and all(grant.model_denial(m) for m in req.allowed_models):
+        return f"{A_MODELS}: {req.allowed_models_text} not entitled to namespace {ns}: {grant.rule} {grant.models_text()}"
+    return None
+
+
+def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog,
+                namespace_labels: Mapping[str, str] | None = None) -> Job:
+    """Parse a pod and resolve it against the policy. Never raises for bad pod content.
+
+    ``namespace_labels`` are the labels of the pod's namespace, for tenants that select
+    namespaces by label; None when unknown (see ``core.tenancy``).
+    """
     class_names = tuple(c.name for c in policy.classes)
     req = parse_pod(pod, catalog, class_names)
     workload = req.workload or (policy.defaults.workload if req.params is not None else None)
@@ -80,6 +110,8 @@ def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog) -> Job
         # Tokens were checked against the catalog when the policy was loaded.
         return frozenset().union(*(catalog.resolve_token(t) for t in tokens))
 
+    grant = resolve_tenancy(policy.tenants, policy.default_tenant, req.namespace, namespace_labels, catalog)
     return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why,
                class_allowed_models=ids(size_class.allowed_models) if size_class.allowed_models else None,
-               class_denied_models=ids(size_class.denied_models))
+               class_denied_models=ids(size_class.denied_models),
+               tenancy=grant, tenant_denial=tenant_denial(req, size_class, why, grant))

@@ -23,6 +23,7 @@ from node_agent.inventory import format_validation_error
 from scheduler_extender.core.catalog import Catalog, CatalogEntry, Tier, UnknownModelError, default_catalog
 from scheduler_extender.core.estimate import EstimatorSettings
 from scheduler_extender.core.quantity import GIB, GB
+from scheduler_extender.core.tenancy import Entitlement, Tenant
 
 
 class _Strict(BaseModel):
@@ -134,6 +135,12 @@ class Policy(_Strict):
     rules: list[ClassRule] = Field(min_length=1, description="First rule that matches wins.")
     default_class: str = Field(alias="defaultClass", description="Class of a job no rule matches.")
     scoring: ScoringWeights = ScoringWeights()
+    tenants: list[Tenant] = Field(
+        default_factory=list,
+        description="Namespaces and the classes and models their pods may use; first tenant that matches wins.")
+    default_tenant: Entitlement = Field(
+        default=Entitlement(), alias="defaultTenant",
+        description="Entitlement of namespaces no tenant matches; default: everything.")
 
     @model_validator(mode="after")
     def _references(self, info: ValidationInfo) -> "Policy":
@@ -156,6 +163,7 @@ class Policy(_Strict):
                         catalog.resolve_token(token)
                     except UnknownModelError:
                         raise ValueError(f"classes.{ci}.{alias}.{ti}: {token!r} is no catalog id or alias") from None
+        _check_tenants(self, names, catalog)
         return self
 
     # ---- derived views, computed once per policy object -------------------------------------
@@ -233,6 +241,25 @@ def _rule_matches(r: ClassRule, vram_bytes: int | None, params: float | None, gp
     return True
 
 
+def _check_tenants(policy: "Policy", class_names: list[str], catalog: Catalog) -> None:
+    """Tenant names unique; their classes and model tokens exist (field paths in messages)."""
+    tenant_names = [t.name for t in policy.tenants]
+    if len(set(tenant_names)) != len(tenant_names):
+        raise ValueError(f"tenants: duplicate tenant name in {tenant_names}")
+    entries = [(f"tenants.{i}", t) for i, t in enumerate(policy.tenants)]
+    entries.append(("defaultTenant", policy.default_tenant))
+    for path, ent in entries:
+        for ci, name in enumerate(ent.classes):
+            if name not in class_names:
+                raise ValueError(f"{path}.classes.{ci}: {name!r} is not one of the classes {class_names}")
+        for alias, tokens in (("allowedModels", ent.allowed_models), ("deniedModels", ent.denied_models)):
+            for ti, token in enumerate(tokens):
+                try:
+                    catalog.resolve_token(token)
+                except UnknownModelError:
+                    raise ValueError(f"{path}.{alias}.{ti}: {token!r} is no catalog id or alias") from None
+
+
 class PolicyError(ValueError):
     """A policy document that fails validation; the message names each field path."""
 
@@ -249,6 +276,8 @@ def parse_policy(data: str | dict[str, Any], *, source: str = "policy", catalog:
             data = yaml.safe_load(data)
         except yaml.YAMLError as e:
             raise PolicyError(f"{source}: not valid YAML: {e}") from e
+        except RecursionError as e:  # '[[[[...': the YAML composer recurses per level
+            raise PolicyError(f"{source}: nested too deeply to be a policy") from e
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: expected a mapping with kind: PlacementPolicy")
     try:

@@ -9,7 +9,7 @@ GB. Internally VRAM needs are bytes (int); messages print GiB.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, Overflow
 
 MIB = 2**20
 GIB = 2**30
@@ -23,6 +23,10 @@ _SUFFIXES: dict[str, Decimal] = {
     "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
     "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
 }
+MAX_QUANTITY = Decimal(2**63 - 1)
+"""Largest magnitude accepted: Kubernetes reads quantities as int64 (``Quantity.Value()``); beyond
+it (``1e999999``) a number is no request anyone meant, and unbounded it would cost time and memory."""
+
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 
 
@@ -34,20 +38,25 @@ def parse_quantity(text: str | int | float) -> Decimal:
     """Parse a Kubernetes quantity (``40Gi``, ``500M``, ``100m``, ``1.5e3``, ``8``) to a Decimal.
 
     Raises:
-        QuantityError: not of the form <number><suffix>, suffix one of Ki Mi Gi Ti Pi Ei m k M G T P E.
+        QuantityError: not of the form <number><suffix>, suffix one of Ki Mi Gi Ti Pi Ei m k M G T P E;
+            not a string or number; or larger in magnitude than ``MAX_QUANTITY``.
     """
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise QuantityError(f"{text!r} is not a quantity")
     if isinstance(text, (int, float)):
-        return Decimal(str(text))
-    m = _QUANTITY.match(text.strip())
-    if not m:
-        raise QuantityError(f"{text!r} is not a quantity")
-    number, suffix = m.group(1), m.group(2) or ""
+        number, suffix = str(text), ""
+    else:
+        m = _QUANTITY.match(text.strip())
+        if not m:
+            raise QuantityError(f"{text!r} is not a quantity")
+        number, suffix = m.group(1), m.group(2) or ""
     try:
-        return Decimal(number) * _SUFFIXES[suffix]
-    except InvalidOperation as e:  # pragma: no cover - the regex admits only valid numbers
-        raise QuantityError(f"{text!r} is not a quantity") from e
+        value = Decimal(number) * _SUFFIXES[suffix]
+    except (InvalidOperation, Overflow) as e:  # e.g. '1e999999999': beyond Decimal's exponent range
+        raise QuantityError(f"{text!r} is out of range (at most 2^63-1)") from e
+    if not value.is_finite() or abs(value) > MAX_QUANTITY:
+        raise QuantityError(f"{text!r} is out of range (at most 2^63-1)")
+    return value
 
 
 def parse_count(text: str | int | float) -> int:

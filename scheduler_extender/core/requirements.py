@@ -53,6 +53,25 @@ _PARAMS = re.compile(r"^(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([kKmMbBtT])?$")
 _PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
+SHOWN_CHARS = 64
+"""How much of a user's value a reason repeats. A reason is copied into the answer for every node
+(and into the pod's events), so a 200 KB annotation echoed whole would make a 1,000-node answer
+200 MB."""
+
+
+def shown(value: Any) -> str:
+    """``repr`` of a user's value for a reason, cut after ``SHOWN_CHARS`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= SHOWN_CHARS:
+        return repr(text) if isinstance(value, str) else repr(value)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+def _cut(text: str) -> str:
+    """A list as the user wrote it (for reasons), cut after ``SHOWN_CHARS`` characters."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class AnnotationError:
     """One unusable pod field: ``field`` is the annotation or resource, ``message`` the fix."""
@@ -143,7 +162,7 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[Annot
                 try:
                     n = parse_count(value)
                 except QuantityError:
-                    errors.append(AnnotationError(f"resources {name}", f"{value!r} is not a whole number of devices"))
+                    errors.append(AnnotationError(f"resources {name}", f"{shown(value)} is not a whole number of devices"))
                     continue
                 if combine == "sum":
                     totals[name] = totals.get(name, 0) + n
@@ -154,13 +173,18 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[Annot
     return {k: v for k, v in totals.items() if v > 0}, errors
 
 
+MAX_PARAMS = 1e15
+"""Largest parameter count accepted (1000T; the largest published models have ~2T). Beyond it,
+e.g. '1E310' (infinite as a float), there is no VRAM estimate to make."""
+
+
 def parse_params(text: str) -> float:
-    """'7B' -> 7e9, '350M' -> 3.5e8, '1.3e9' -> 1.3e9. Raises ValueError."""
+    """'7B' -> 7e9, '350M' -> 3.5e8, '1.3e9' -> 1.3e9. Raises ValueError (also beyond ``MAX_PARAMS``)."""
     m = _PARAMS.match(text.strip())
     if not m:
         raise ValueError(text)
     value = float(m.group(1)) * _PARAM_SUFFIX.get((m.group(2) or "").lower(), 1.0)
-    if value < 1:
+    if not 1 <= value <= MAX_PARAMS:  # also false for inf and nan
         raise ValueError(text)
     return value
 
@@ -174,7 +198,7 @@ def _choice(annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], 
         return None
     value = str(annotations[key]).strip().lower()
     if value not in allowed:
-        errors.append(AnnotationError(key, f"{annotations[key]!r} is not one of {', '.join(allowed)}"))
+        errors.append(AnnotationError(key, f"{shown(annotations[key])} is not one of {', '.join(allowed)}"))
         return None
     return value
 
@@ -195,7 +219,7 @@ def _models(annotations: Mapping[str, str], key: str, catalog: Catalog, errors: 
             unknown.append(t)
     if unknown:
         errors.append(AnnotationError(
-            key, f"unknown GPU model {', '.join(repr(u) for u in unknown)}; use catalog ids or families "
+            key, f"unknown GPU model {_cut(', '.join(repr(u) for u in unknown))}; use catalog ids or families "
                  f"(exact, case-insensitive), e.g. A100, A100-80GB, H100, H200, L40S, RTX-4090, A6000 "
                  f"(`gpuplace catalog` lists all)"))
         return None
@@ -209,7 +233,7 @@ def _constraints(annotations: Mapping[str, str], key: str, errors: list[Annotati
     bad = [t for t in tokens if t not in CONSTRAINTS]
     if bad or not tokens:
         errors.append(AnnotationError(
-            key, f"{annotations[key]!r} is not a comma list of {', '.join(CONSTRAINTS)}"))
+            key, f"{shown(annotations[key])} is not a comma list of {', '.join(CONSTRAINTS)}"))
         return frozenset()
     return frozenset(tokens)
 
@@ -254,7 +278,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         try:
             params = parse_params(str(ours[A_PARAMS]))
         except ValueError:
-            errors.append(AnnotationError(A_PARAMS, f"{ours[A_PARAMS]!r} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9"))
+            errors.append(AnnotationError(A_PARAMS, f"{shown(ours[A_PARAMS])} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9 (at most 1000T)"))
 
     workload = _choice(ours, A_WORKLOAD, WORKLOADS, errors)
     precision = _choice(ours, A_PRECISION, PRECISIONS, errors)
@@ -268,7 +292,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
                 raise QuantityError("not positive")
             vram = int(q)
         except QuantityError:
-            errors.append(AnnotationError(A_VRAM, f"{ours[A_VRAM]!r} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
+            errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
 
     allowed = _models(ours, A_MODELS, catalog, errors)
     excluded = _models(ours, A_EXCLUDE, catalog, errors) or frozenset()
@@ -279,7 +303,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         if m:
             min_cc = (int(m.group(1)), int(m.group(2)))
         else:
-            errors.append(AnnotationError(A_MIN_CC, f"{ours[A_MIN_CC]!r} is not a compute capability like 8.0 or 8.9"))
+            errors.append(AnnotationError(A_MIN_CC, f"{shown(ours[A_MIN_CC])} is not a compute capability like 8.0 or 8.9"))
 
     require = _constraints(ours, A_REQUIRE, errors)
     prefer = _constraints(ours, A_PREFER, errors)
@@ -301,7 +325,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         if value in class_names:
             class_name = value
         else:
-            errors.append(AnnotationError(A_CLASS, f"{value!r} is not a class of the policy; use one of {', '.join(class_names)}"))
+            errors.append(AnnotationError(A_CLASS, f"{shown(value)} is not a class of the policy; use one of {', '.join(class_names)}"))
 
     return JobRequirements(
         namespace=str(meta.get("namespace") or "default"),
@@ -315,9 +339,9 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         sharding=sharding,
         vram_bytes=vram,
         allowed_models=allowed,
-        allowed_models_text=str(ours.get(A_MODELS, "")),
+        allowed_models_text=_cut(str(ours.get(A_MODELS, ""))),
         excluded_models=excluded,
-        excluded_models_text=str(ours.get(A_EXCLUDE, "")),
+        excluded_models_text=_cut(str(ours.get(A_EXCLUDE, ""))),
         min_compute_capability=min_cc,
         require=require,
         prefer=prefer,

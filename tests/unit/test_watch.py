@@ -92,3 +92,39 @@ def test_a_broken_stream_marks_the_cache_unsynced_and_relists():
     ])
     assert cache.node_names() == ["a", "b", "d"]
     assert cache.nodes_synced  # synced again after the successful relist
+
+
+def test_namespaces_are_listed_then_watched_for_their_labels():
+    stop = threading.Event()
+    ns = {"metadata": {"name": "team-a", "resourceVersion": "5", "labels": {"gpu-team": "a"}}}
+    api = FakeAPI([
+        FakeResponse(data=json.dumps({"items": [ns], "metadata": {"resourceVersion": "5"}}).encode()),
+        FakeResponse(lines=[
+            {"type": "ADDED", "object": {"metadata": {"name": "team-b", "resourceVersion": "6", "labels": {"x": "y"}}}},
+            {"type": "DELETED", "object": {"metadata": {"name": "team-a", "resourceVersion": "7"}}},
+        ]),
+    ], stop)
+    cache = ClusterCache(default_catalog())
+    cache.namespaces_synced = False
+    ResourceWatcher("namespaces", api, cache, stop).run()
+    assert cache.namespaces_synced is True
+    assert cache.namespace_labels("team-b") == {"x": "y"} and cache.namespace_labels("team-a") is None
+    assert api.calls[1]["resource_version"] == "5"
+
+
+def test_forbidden_namespaces_do_not_block_readiness_and_leave_labels_unknown():
+    from kubernetes.client.rest import ApiException
+
+    stop = threading.Event()
+
+    def forbidden(**kw):
+        stop.set()
+        raise ApiException(status=403, reason="Forbidden")
+
+    cache = ClusterCache(default_catalog())
+    cache.replace_nodes([])
+    cache.replace_pods([])
+    cache.namespaces_synced = False
+    assert not cache.synced
+    ResourceWatcher("namespaces", forbidden, cache, stop).run()
+    assert cache.synced and cache.namespace_labels("team-a") is None

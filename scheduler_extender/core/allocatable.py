@@ -1,0 +1,74 @@
+"""An inventory is checked against the Node's ``status.allocatable`` before it is trusted.
+
+The inventory annotation can be written by anyone allowed to patch the Node; ``status.allocatable``
+is written by the kubelet from what the device plugins registered. Where the two disagree the
+kubelet is believed, with one asymmetry:
+
+- an inventory may report **fewer** healthy devices of a resource than allocatable: the agent may
+  lag behind, see a GPU as unhealthy before the device plugin does, or the plugin may share GPUs
+  (NVIDIA time-slicing advertises ``replicas`` x GPUs). The extender then decides on the devices
+  the inventory reports, the smaller set; kube-scheduler still caps the count by allocatable.
+- an inventory that reports **more** healthy devices of a resource than allocatable (8
+  ``nvidia.com/gpu`` where allocatable says 2; ``nvidia.com/mig-3g.40gb`` devices under the
+  ``mixed`` strategy that the device plugin does not advertise; ``amd.com/gpu`` on a node without
+  the ROCm plugin) describes hardware the node does not offer: the whole inventory is rejected
+  for that node with a reason, since a document wrong about counts is not trusted about models,
+  VRAM or NVLink either.
+
+Unknown stays unknown: a Node without ``status.allocatable`` (None here) is not checked; a
+resource missing from a known allocatable counts as 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from scheduler_extender.core.devices import NodeView, allocatable_from_view
+from scheduler_extender.core.quantity import QuantityError, parse_count
+from scheduler_extender.core.requirements import _is_gpu_resource
+
+
+def gpu_allocatable(node: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The GPU resources of a decoded ``v1.Node``'s ``status.allocatable``; None when absent.
+
+    Quantities that do not parse as whole counts are left out (unknown, not 0): the API server
+    validates quantities, so this happens only for hand-made objects.
+    """
+    status = (node or {}).get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(allocatable, Mapping):
+        return None
+    out: dict[str, int] = {}
+    for name, value in allocatable.items():
+        if not isinstance(name, str) or not _is_gpu_resource(name):
+            continue
+        try:
+            out[name] = parse_count(value)
+        except (QuantityError, TypeError):
+            continue
+    return out
+
+
+def allocatable_contradiction(view: NodeView, allocatable: Mapping[str, int] | None) -> str | None:
+    """Why ``view`` claims more than the Node's allocatable offers, or None when it does not.
+
+    Args:
+        view: the node's parsed inventory.
+        allocatable: GPU resource -> count from ``status.allocatable`` (``gpu_allocatable``);
+            None when unknown (no check).
+
+    Returns:
+        A reason naming each resource claimed beyond allocatable, e.g. "inventory claims 8 healthy
+        nvidia.com/gpu, but the Node's status.allocatable has 2", or None.
+    """
+    if allocatable is None:
+        return None
+    claims = []
+    for resource, claimed in sorted(allocatable_from_view(view).items()):
+        have = allocatable.get(resource, 0)
+        if claimed > have:
+            claims.append(f"{claimed} healthy {resource}, but the Node's status.allocatable has {have}")
+    if not claims:
+        return None
+    return ("inventory claims " + "; and ".join(claims)
+            + " (an inventory may report fewer devices than the device plugin, never more)")

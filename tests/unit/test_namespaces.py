@@ -1,0 +1,38 @@
+"""Namespace labels in cluster mode: the watch-fed cache, and a direct read for a namespace not yet delivered."""
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.sources import ClusterSource
+
+
+def test_namespaces_are_cached_with_their_labels_and_unknown_ones_stay_unknown():
+    c = ClusterCache(default_catalog())
+    assert c.namespace_labels("team-a") is None
+    c.namespaces_synced = False  # what ClusterWatch sets when it watches namespaces
+    c.replace_nodes([])
+    c.replace_pods([])
+    assert not c.synced
+    c.replace_namespaces([{"metadata": {"name": "team-a", "labels": {"gpu-team": "a"}}}])
+    assert c.synced and c.namespace_labels("team-a") == {"gpu-team": "a"}
+    c.apply_namespace_event("ADDED", {"metadata": {"name": "team-b"}})
+    assert c.namespace_labels("team-b") == {}
+    c.apply_namespace_event("MODIFIED", {"metadata": {"name": "team-a", "labels": {"gpu-team": "b"}}})
+    assert c.namespace_labels("team-a") == {"gpu-team": "b"}
+    c.apply_namespace_event("DELETED", {"metadata": {"name": "team-a"}})
+    assert c.namespace_labels("team-a") is None
+
+
+def test_a_namespace_the_watch_has_not_delivered_yet_is_read_directly_once():
+    reads = []
+
+    def read(name):
+        reads.append(name)
+        return {"metadata": {"name": name, "labels": {"gpu-team": "a"}}} if name == "new" else None
+
+    c = ClusterCache(default_catalog())
+    c.replace_namespaces([])
+    source = ClusterSource(c, default_catalog(), read)
+    assert source.namespace_labels("new") == {"gpu-team": "a"}
+    assert source.namespace_labels("new") == {"gpu-team": "a"} and reads == ["new"]  # cached now
+    assert source.namespace_labels("gone") is None and source.namespace_labels("gone") is None
+    assert reads == ["new", "gone"]  # a failed read is not repeated on every filter call
