@@ -187,16 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                   "pass --kubeconfig FILE, run in a pod, or use --inventory-dir DIR for static mode",
                   file=sys.stderr)
             return 2
+        if args.policy_configmap:
+            # Before any watch thread starts: a process that exits for a bad policy has nothing to stop.
+            policy_watcher = _policy_configmap_watcher(args, metrics, catalog)
+            if policy_watcher is None:
+                return 2
+            engine = Engine(policy_watcher.policy, catalog)
         cache = ClusterCache(catalog)
         source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
         watch.start()
         pending = _start_pending_watch(watch, metrics)
-        if args.policy_configmap:
-            policy_watcher = _policy_configmap_watcher(args, metrics, catalog)
-            if policy_watcher is None:
-                return 2
-            engine = Engine(policy_watcher.policy, catalog)
 
     service = ExtenderService(engine, source, metrics)
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
