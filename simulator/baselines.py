@@ -118,10 +118,12 @@ class GpuplacePolicy:
             j = self._jobs[pod.signature] = self.engine.job(pod.manifest())
         return j
 
-    def _verdicts_for(self, pod: SimPod, cluster: Cluster) -> tuple[Job, dict[int, NodeResult]]:
+    def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:
+        """Filter verdicts of the classes with a node that fits the pod's CPU/memory (kube-scheduler
+        runs NodeResourcesFit before it calls the extender), one filter call per class and pod kind."""
         job = self.job(pod)
         out: dict[int, NodeResult] = {}
-        for cid in cluster.live_classes():
+        for cid in cluster.live_classes(fits):
             key = (id(cluster), pod.signature, cid)
             r = self._verdicts.get(key)
             if r is None:
@@ -131,13 +133,15 @@ class GpuplacePolicy:
         return job, out
 
     def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
-        _, verdicts = self._verdicts_for(pod, cluster)
+        fits = cluster.fits_resources(pod)
+        _, verdicts = self._verdicts_for(pod, cluster, fits)
         ok = np.zeros(cluster.class_total, dtype=bool)
         ok[[c for c, r in verdicts.items() if r.passed and r.chosen]] = True
-        return ok[cluster.class_of] & cluster.fits_resources(pod)
+        return ok[cluster.class_of] & fits
 
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
-        job, verdicts = self._verdicts_for(pod, cluster)
+        fits = cluster.fits_resources(pod)
+        job, verdicts = self._verdicts_for(pod, cluster, fits)
         passed = [(c, r) for c, r in verdicts.items() if r.passed and r.chosen]
         if not passed:
             return None
@@ -148,7 +152,7 @@ class GpuplacePolicy:
             by_class[c] = scores[st.name].score
         # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
         keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
-        keys[~cluster.fits_resources(pod)] = -np.inf
+        keys[~fits] = -np.inf
         i = _pick(keys, rng)
         if i is None:
             return None

@@ -2,9 +2,10 @@
 (``NodeAllocation.held``: unit UUID -> pod), plus CPU/memory and vectors the policies read.
 
 Equivalence classes: nodes with the same inventory view and the same held units get the same
-filter verdict and the same score for any pod, so the engine filters one representative
-``NodeState`` per class (``class_state``) instead of every node. A node moves to another class
-whenever a pod is placed on it or leaves it; classes are keyed by (view, held unit UUIDs).
+filter verdict and the same score for any pod (the engine's filter and score read no CPU or
+memory), so the engine filters and scores one representative ``NodeState`` per class
+(``class_state``) instead of every node. A node moves to another class whenever a pod is placed
+on it or leaves it; classes are keyed by (view, held unit UUIDs).
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ class Cluster:
         self.class_of[i] = cid
         self._class_count[cid] += 1
 
-    def live_classes(self) -> list[int]:
-        """Classes with at least one node."""
+    def live_classes(self, nodes_mask: np.ndarray | None = None) -> list[int]:
+        """Classes with at least one node (of ``nodes_mask``, when given)."""
+        if nodes_mask is not None:
+            return [int(c) for c in np.unique(self.class_of[nodes_mask])]
         return [c for c, n in enumerate(self._class_count) if n > 0]
 
     def class_state(self, cid: int) -> NodeState:
