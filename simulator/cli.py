@@ -44,13 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                         "(default: the openb node list next to --pods; 'mixed' for --trace llm)")
     s.add_argument("--mode", choices=("fill", "replay"), default="fill",
                    help="fill: pods arrive and never leave, snapshot at each load; replay: trace times "
-                        "(scaled by load), pods leave, a FIFO queue retries (default fill)")
+                        "scaled to the offered load, pods leave, a FIFO queue retries (default fill)")
     s.add_argument("--policy", default="default", metavar="default|FILE", help="gpuplace policy (default: shipped)")
     s.add_argument("--baselines", default="all", metavar="LIST",
                    help="comma list of random,spread,bestfit,static, or all, or none (default all)")
     s.add_argument("--load", default="1.0,1.3", metavar="LIST",
-                   help="load levels, comma list: share of the fleet's GPUs requested (fill) or arrival "
-                        "rate multiplier (replay) (default 1.0,1.3)")
+                   help="load levels, comma list: share of the fleet's GPUs requested (fill) or offered "
+                        "GPU load per unit of time (replay) (default 1.0,1.3)")
     s.add_argument("--seed", type=int, default=0, help="first seed; a run is repeatable (default 0)")
     s.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="seeds seed..seed+N-1; the report shows mean ± spread (default 3)")

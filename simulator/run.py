@@ -5,9 +5,10 @@ leave; a pod that fits nowhere is counted unplaced and dropped. When the GPUs re
 reach each ``load`` share of the fleet's GPUs, a snapshot is taken; the run stops at the highest
 load. A trace that runs out first is continued with pods drawn from it at random (seeded).
 
-*replay*: pods arrive at their trace times, compressed by ``load`` (1.3 = 30% more arrivals per
-hour), run for their trace duration, and leave. A pod that fits nowhere waits in a FIFO queue and
-is retried whenever GPUs are freed. Measured over the span from the first to the last arrival.
+*replay*: pods arrive in trace order at their trace times, scaled so that the offered load (GPUs
+x run time requested per unit of time, over the span of arrivals) is ``load`` x the fleet's GPUs,
+run for their trace duration, and leave. A pod that fits nowhere waits in a FIFO queue and is
+retried whenever GPUs are freed. Measured over the span from the first to the last arrival.
 
 Metrics per run and load (``Snapshot``):
 - ``allocation_ratio``: allocated GPUs / fleet GPUs (replay: time average);
@@ -199,6 +200,15 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterator[SimPod], policy: Placeme
     return out
 
 
+def replay_time_scale(pods: Sequence[SimPod], load: float, capacity: int) -> float:
+    """By how much to compress arrival times so that the offered load (GPUs x run time requested
+    per unit of time over the window of arrivals) is ``load`` x ``capacity``; 1 for one instant."""
+    t0 = min(p.creation_s for p in pods)
+    span = max(p.creation_s for p in pods) - t0
+    offered = sum(p.gpus * p.duration_s for p in pods) / span if span > 0 else 0.0
+    return load * capacity / offered if offered > 0 else 1.0
+
+
 def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: PlacementPolicy, engine: Engine,
                load: float, seed: int, progress: Progress | None = None) -> Snapshot:
     """Replay mode (module docstring) at one load."""
@@ -210,7 +220,8 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
     if not pods:
         raise ValueError("replay needs at least one pod")
     t0 = min(p.creation_s for p in pods)
-    arrivals = sorted(((p.creation_s - t0) / load, k, p) for k, p in enumerate(pods))
+    compress = replay_time_scale(pods, load, cluster.capacity)
+    arrivals = sorted(((p.creation_s - t0) / compress, k, p) for k, p in enumerate(pods))
     end = arrivals[-1][0]
     departures: list[tuple[float, int, Placement]] = []
     queue: list[tuple[SimPod, float]] = []
@@ -244,12 +255,17 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         while departures and departures[0][0] <= t:
             dt_, _, p = heapq.heappop(departures)
             advance(dt_)
-            cluster.release(p.node, p.pod, p.units)
+            i = p.node
+            cluster.release(i, p.pod, p.units)
+            # Queued pods fitted nowhere before; only node i changed, so only it can take one now.
             blocked: set[tuple] = set()
             waiting: list[tuple[SimPod, float]] = []
             for q, arrived in queue:
-                if q.shape in blocked or not try_place(q, arrived, dt_):
-                    blocked.add(q.shape)  # placements only use capacity: the same shape fails again
+                could = (cluster.gpu_free[i] >= q.gpus and cluster.cpu_free[i] >= (q.cpu_milli or 0)
+                         and cluster.mem_free[i] >= (q.memory_mib or 0))
+                if not could or q.shape in blocked or not try_place(q, arrived, dt_):
+                    if could:
+                        blocked.add(q.shape)  # placements only use capacity: the same shape fails again
                     waiting.append((q, arrived))
             queue = waiting
         advance(t)
