@@ -14,7 +14,7 @@ from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import fill_stream, run_fill, run_replay, simulate
+from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate
 from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
 from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
@@ -139,16 +139,28 @@ def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
     assert cluster.allocated == sum(len(h) for h in cluster.held)
 
 
+def natural_load(pods, capacity):
+    """The load at which replay keeps the trace's own times (offered GPU-seconds per second / GPUs)."""
+    span = max(p.creation_s for p in pods) - min(p.creation_s for p in pods)
+    return sum(p.gpus * p.duration_s for p in pods) / span / capacity
+
+
+def test_replay_scales_arrival_times_to_the_offered_load():
+    pods = [SimPod(f"p{i}", 2, creation_s=100 * i, duration_s=50) for i in range(11)]  # 1,100 GPU-s over 1,000 s
+    assert replay_time_scale(pods, 1.0, 1) == pytest.approx(1.0 / 1.1)
+    assert replay_time_scale(pods, 2.2, 1) == pytest.approx(2.0)
+
+
 def test_replay_pods_leave_and_queued_pods_start_when_gpus_free_up():
     nodes = [node("one", "a10", 1)]
     pods = [SimPod(f"p{i}", 1, creation_s=600 * i, duration_s=3600) for i in range(3)]
-    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, 1.0, 0)
+    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, natural_load(pods, 1), 0)
     # p0 runs 0-3600; p1 and p2 wait; only p0 has started by the last arrival (1200 s).
     assert (s.placed, s.unplaced) == (1, 2)
     pods.append(SimPod("late", 1, creation_s=7300, duration_s=60))
-    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, 1.0, 0)
-    # p1 starts at 3600 (waited 3000 s), p2 at 7200 (waited 6000 s), "late" queues behind nothing
-    # free at 7300 (p2 holds the GPU): placed p0, p1, p2.
+    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, natural_load(pods, 1), 0)
+    # p1 starts at 3600 (waited 3000 s), p2 at 7200 (waited 6000 s); "late" finds p2 on the GPU
+    # at 7300 and waits: placed p0, p1, p2.
     assert (s.placed, s.unplaced) == (3, 1)
     assert s.queue_delay_hours_max == pytest.approx(6000 / 3600)
     assert s.queue_delay_hours_mean == pytest.approx((0 + 3000 + 6000) / 3 / 3600)
