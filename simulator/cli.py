@@ -118,6 +118,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         if args.trace in ("openb", "yaml") and not args.pods:
             raise TraceError(f"--trace {args.trace} needs --pods FILE")
+        if args.pods and not Path(args.pods).is_file():
+            raise TraceError(f"--pods {args.pods}: no such file")
         fleet = args.fleet
         if fleet is None:
             if args.trace == "openb":
