@@ -12,7 +12,8 @@ import yaml
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Decision, Engine
-from scheduler_extender.core.policy import PolicyError, load_policy, policy_json_schema
+from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
+from scheduler_extender.explain import component_weights, explain_decision
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.tenancy import UNRESTRICTED
 
@@ -26,8 +27,11 @@ def _load_pod(path: str) -> dict[str, Any]:
     return pods[0]
 
 
-def render_decision(decision: Decision) -> str:
-    """Every node with pass/fail, its reasons or score components, and the VRAM estimate's terms."""
+def render_decision(decision: Decision, policy: Policy | None = None) -> str:
+    """Every node with pass/fail, its reasons or score components, and the VRAM estimate's terms.
+
+    With ``policy``, each component is printed with its weight and a legend explains the score.
+    """
     job = decision.job
     lines = [f"pod {job.req.key}: {job.describe()}"]
     lines.append(f"size class: {job.size_class.name} ({job.class_reason})")
@@ -47,10 +51,15 @@ def render_decision(decision: Decision) -> str:
     lines.append("")
     ranked = sorted(decision.results, key=lambda r: (not r.passed, -(decision.scores[r.node].score if r.node in decision.scores else 0), r.node))
     width = max((len(r.node) for r in ranked), default=4)
+    weights = component_weights(policy) if policy is not None else {}
+    if policy is not None:
+        lines.append("PASS: can run now, score 0-10 = 10 x weighted mean of the components shown as value x weight;")
+        lines.append("FAIL: never on this node (reasons); BUSY: would fit once GPUs are freed.")
     for r in ranked:
         if r.passed:
             s = decision.scores.get(r.node)
-            comps = " ".join(f"{k}={v:.2f}" for k, v in (s.components.items() if s else []))
+            comps = " ".join(f"{k}={v:.2f}" + (f"x{weights[k]:g}" if k in weights else "")
+                             for k, v in (s.components.items() if s else []))
             units = ", ".join(f"{u.model}{' ' + u.mig_profile if u.mig_profile else ''} #{u.gpu_index}" for u in r.chosen)
             lines.append(f"PASS {r.node:<{width}}  score {s.score if s else 0:>2}  ${s.cost_per_hour if s else 0:.2f}/h  [{units}]  {comps}")
         else:
@@ -60,6 +69,15 @@ def render_decision(decision: Decision) -> str:
     lines.append("")
     lines.append(f"best node: {best.node} (score {best.score})" if best else "best node: none: the pod stays Pending")
     return "\n".join(lines)
+
+
+def _live_source(kubeconfig: str, catalog: Any) -> Any:
+    """Nodes and pods listed once from the cluster of ``kubeconfig``, in the extender's cache."""
+    from kubernetes import client, config
+    from scheduler_extender.explain import cluster_states_from_api
+    config.load_kube_config(config_file=kubeconfig)
+    with client.ApiClient() as api:
+        return cluster_states_from_api(api, catalog)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -75,16 +93,27 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"gpuplace: --namespace-labels {e}", file=sys.stderr)
         return 2
     engine = Engine(policy)
-    source = StaticSource(args.inventory_dir, engine.catalog, labels)
     try:
         pod = _load_pod(args.pod)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
+    try:
+        if args.kubeconfig:
+            source = _live_source(args.kubeconfig, engine.catalog)
+        else:
+            source = StaticSource(args.inventory_dir, engine.catalog, labels)
+    except Exception as e:  # noqa: BLE001 - config, connection and API errors all end here
+        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else f"--inventory-dir {args.inventory_dir}"
+        print(f"gpuplace: cannot read the cluster from {where}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     names = source.node_names()
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     decision = engine.decide(pod, source.states(names, None), source.now(), source.namespace_labels(namespace))
-    print(render_decision(decision))
+    if args.json:
+        print(json.dumps(explain_decision(decision, policy), indent=2))
+    else:
+        print(render_decision(decision, policy))
     return 0
 
 
@@ -123,11 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("explain", help="why a pod goes where it goes: every node, reasons, score components, VRAM estimate")
     e.add_argument("pod", help="pod manifest (YAML/JSON), '-' for stdin")
-    e.add_argument("--inventory-dir", required=True, metavar="DIR", help="one NodeGPUInventory file per node")
+    where = e.add_mutually_exclusive_group(required=True)
+    where.add_argument("--inventory-dir", metavar="DIR", help="one NodeGPUInventory file per node")
+    where.add_argument("--kubeconfig", metavar="FILE",
+                       help="a live cluster: list its Nodes (gpuplace.io/inventory) and Pods as the extender sees them")
     e.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
     e.add_argument("--namespace-labels", metavar="FILE",
                    help="labels of namespaces for tenants with a namespaceSelector (YAML namespace: {label: value}, "
                         "or `kubectl get namespaces -o yaml`); without it such tenants deny (labels unknown)")
+    e.add_argument("--json", action="store_true", help="print the explanation as JSON (the POST /explain answer)")
     e.set_defaults(fn=cmd_explain)
     pol = sub.add_parser("policy", help="validate a policy file or print its JSON Schema")
     psub = pol.add_subparsers(dest="policy_command", required=True)
@@ -139,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     isub = inv.add_subparsers(dest="inventory_command", required=True)
     isub.add_parser("schema", help="print the NodeGPUInventory JSON Schema").set_defaults(fn=cmd_inventory_schema)
     sub.add_parser("catalog", help="list the GPU catalog: ids, aliases, VRAM, price").set_defaults(fn=cmd_catalog)
+    from simulator.cli import add_parser as add_simulate_parser
+    add_simulate_parser(sub)
     return p
 
 

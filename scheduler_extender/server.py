@@ -1,7 +1,8 @@
 """HTTP layer: kube-scheduler's extender verbs on Starlette, around ``ExtenderService``.
 
 Endpoints: ``POST /filter``, ``POST /prioritize`` (extender wire format, see ``wire.py``),
-``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus).
+``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus),
+``POST /explain`` (body: a v1.Pod; answer: ``explain.explain_decision`` for every known node).
 A malformed body gets HTTP 400 with ``{"Error": "..."}``; an unexpected failure gets 500 with the
 same shape and is logged; the server keeps serving either way.
 """
@@ -12,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,6 +22,7 @@ from starlette.routing import Route
 
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.explain import explain_decision
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
 from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extender_args
@@ -42,11 +45,11 @@ class ExtenderService:
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
         states = self.source.states(names, args.Nodes.items if args.Nodes is not None else None)
-        job = engine.job(args.Pod, self._namespace_labels(args.Pod))
+        job = engine.job(args.Pod, self.namespace_labels_of(args.Pod))
         results = engine.filter(job, states, self.source.now())
         return engine, job, names, results, states
 
-    def _namespace_labels(self, pod: Any) -> Any:
+    def namespace_labels_of(self, pod: Any) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
         lookup = getattr(self.source, "namespace_labels", None)
         if lookup is None:
@@ -117,6 +120,30 @@ class ExtenderService:
         return [{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names]
 
 
+def parse_pod_body(body: bytes) -> dict[str, Any]:
+    """The body of ``POST /explain``: one v1.Pod as JSON.
+
+    Raises:
+        WireError: not JSON, or not an object with ``metadata`` and ``spec`` mappings.
+    """
+    try:
+        pod = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"POST /explain: body is not JSON: {e}") from None
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict) or not isinstance(pod.get("spec"), dict):
+        raise WireError("POST /explain: expected a Pod object (JSON with metadata and spec mappings)")
+    return pod
+
+
+def explain_pod(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]:
+    """``POST /explain``: the decision for ``pod`` (a v1.Pod) over every node the source knows."""
+    engine = service.engine
+    names = service.source.node_names()
+    decision = engine.decide(pod, service.source.states(names, None), service.source.now(),
+                             service.namespace_labels_of(pod))
+    return explain_decision(decision, engine.policy)
+
+
 def _error(status: int, message: str) -> Response:
     return Response(dumps({"Error": message}), status_code=status, media_type="application/json")
 
@@ -125,7 +152,7 @@ def create_app(service: ExtenderService) -> Starlette:
     """The Starlette application serving ``service``."""
     m = service.metrics
 
-    def verb(name: str, fn: Any) -> Any:
+    def verb(name: str, fn: Any, parse: Any = parse_extender_args) -> Any:
         async def endpoint(request: Request) -> Response:
             start = time.perf_counter()
             code = 200
@@ -135,7 +162,7 @@ def create_app(service: ExtenderService) -> Starlette:
                     code = 413
                     return _error(413, f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
                 try:
-                    args = parse_extender_args(body)
+                    args = parse(body)
                 except WireError as e:
                     code = 400
                     return _error(400, str(e))
@@ -174,6 +201,7 @@ def create_app(service: ExtenderService) -> Starlette:
     return Starlette(routes=[
         Route("/filter", verb("filter", service.filter), methods=["POST"]),
         Route("/prioritize", verb("prioritize", service.prioritize), methods=["POST"]),
+        Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

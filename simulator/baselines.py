@@ -1,0 +1,210 @@
+"""Placement policies of one simulation: gpuplace (the extender's Engine) and the baselines.
+
+Every policy sees the same cluster and the same kube-scheduler filters: free GPU count
+(``nvidia.com/gpu``, the device plugin's extended resource), CPU and memory requests where the
+workload gives them (NodeResourcesFit), and the pod's GPU-model constraint (openb ``gpu_spec`` as
+a nodeSelector/affinity on the model label). Ties between equally scored nodes are broken at
+random, as kube-scheduler's ``selectHost`` does.
+
+- ``gpuplace``: the pod's manifest through ``Engine.filter`` and ``Engine.score`` (the code the
+  extender runs), on top of the CPU/memory filter. The node is picked as kube-scheduler picks it
+  with the extender configured at ``EXTENDER_WEIGHT``: extender score x weight x 10 plus the
+  default profile's scores (``kube_scores``, as ``spread``), then a random pick among ties.
+  The units are the filter's ``chosen``.
+- ``random``: any feasible node.
+- ``spread``: kube-scheduler's default profile: NodeResourcesFit ``LeastAllocated`` plus
+  NodeResourcesBalancedAllocation over cpu and memory (``kube_scores``; resources the workload
+  does not give are left out). The default profile does not score nvidia.com/gpu.
+- ``bestfit``: NodeResourcesFit ``MostAllocated`` over cpu, memory and nvidia.com/gpu (the
+  "Resource Bin Packing" configuration of the Kubernetes docs), plus BalancedAllocation.
+- ``static``: the hand-written nodeSelector a platform team maintains, model size -> GPU types
+  (``STATIC_MAP``), on top of ``spread`` scoring; pods of unknown size get no selector.
+
+No baseline checks VRAM: a device plugin counts devices, not memory; that is where OOM risk
+comes from. Baselines take the node's first free GPUs by index, as the device plugin does.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+import numpy as np
+
+from scheduler_extender.core.catalog import Catalog
+from scheduler_extender.core.devices import Unit
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.job import Job
+from simulator.cluster import Cluster
+from simulator.model import SimPod
+
+Choice = tuple[int, tuple[Unit, ...]]
+
+# (largest model in billions of parameters, GPU types a platform team would pin it to).
+STATIC_MAP: list[tuple[float, list[str]]] = [
+    (3, ["T4", "L4", "A10", "GPU-series-1", "P100", "V100"]),
+    (13, ["A10", "L4", "L40S", "RTX-4090", "A6000", "GPU-series-1", "V100-32GB"]),
+    (34, ["A100-80GB", "A800", "L40S", "GPU-series-2"]),
+    (float("inf"), ["H100", "H800", "H200", "A100-80GB", "A800", "GPU-series-2"]),
+]
+BASELINES = ("random", "spread", "bestfit", "static")
+
+
+class PlacementPolicy(Protocol):
+    name: str
+
+    def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None: ...
+
+    def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray: ...
+
+
+EXTENDER_WEIGHT = 10
+"""The extender's ``weight`` in the kube-scheduler configuration (``extenders[].weight``), as the
+e2e harness installs it. The extender's 0-10 score is multiplied by weight x 10 (kube-scheduler
+scales extender scores to its 0-100 range): at 10 one extender point outweighs the default
+plugins together, which then only break ties. ``gpuplace simulate --extender-weight`` changes it."""
+
+
+def _fractions_after(pod: SimPod, c: Cluster, gpu: bool) -> list[np.ndarray]:
+    """Requested / allocatable per resource after placing ``pod`` (resources the workload gives)."""
+    parts = []
+    if gpu:
+        parts.append((c.gpu_total - c.gpu_free + pod.gpus) / np.maximum(c.gpu_total, 1))
+    if pod.cpu_milli is not None and np.isfinite(c.cpu_cap).all():
+        parts.append((c.cpu_cap - c.cpu_free + pod.cpu_milli) / c.cpu_cap)
+    if pod.memory_mib is not None and np.isfinite(c.mem_cap).all():
+        parts.append((c.mem_cap - c.mem_free + pod.memory_mib) / c.mem_cap)
+    return parts
+
+
+def kube_scores(pod: SimPod, c: Cluster, strategy: str = "LeastAllocated", gpu: bool = False) -> np.ndarray:
+    """kube-scheduler's resource scoring for every node, 0-200: NodeResourcesFit with
+    ``strategy`` (``LeastAllocated``: 100 x mean free fraction; ``MostAllocated``: 100 x mean
+    used fraction) plus NodeResourcesBalancedAllocation (100 x (1 - std of the used fractions)),
+    both over cpu and memory (the default profile) and, with ``gpu``, nvidia.com/gpu (listed in
+    the plugins' ``resources`` args, as bin-packing configurations do), after placing the pod,
+    each plugin at weight 1 (kubernetes pkg/scheduler/framework/plugins/noderesources)."""
+    parts = _fractions_after(pod, c, gpu=gpu)
+    if not parts:
+        return np.zeros(len(c.nodes))
+    f = np.clip(np.array(parts), 0, 1)
+    fit = f.mean(axis=0) if strategy == "MostAllocated" else 1 - f.mean(axis=0)
+    return np.round(100 * fit) + np.round(100 * (1 - f.std(axis=0)))
+
+
+def _pick(keys: np.ndarray, rng: random.Random) -> int | None:
+    best = keys.max()
+    if best == -np.inf:
+        return None
+    ties = np.flatnonzero(keys == best)
+    return int(ties[rng.randrange(len(ties))]) if len(ties) > 1 else int(ties[0])
+
+
+class GpuplacePolicy:
+    """The extender's decision: ``Engine.filter`` + ``Engine.score`` on one node per class."""
+
+    def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT) -> None:
+        self.name = name
+        self.extender_weight = extender_weight
+        self.engine = engine
+        self._jobs: dict[tuple, Job] = {}
+        self._verdicts: dict[tuple, NodeResult] = {}
+        self.filter_calls = 0
+
+    def job(self, pod: SimPod) -> Job:
+        j = self._jobs.get(pod.signature)
+        if j is None:
+            j = self._jobs[pod.signature] = self.engine.job(pod.manifest())
+        return j
+
+    def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:
+        """Filter verdicts of the classes with a node that fits the pod's CPU/memory (kube-scheduler
+        runs NodeResourcesFit before it calls the extender), one filter call per class and pod kind."""
+        job = self.job(pod)
+        out: dict[int, NodeResult] = {}
+        for cid in cluster.live_classes(fits):
+            key = (id(cluster), pod.signature, cid)
+            r = self._verdicts.get(key)
+            if r is None:
+                r = self._verdicts[key] = self.engine.filter(job, [cluster.class_state(cid)], None)[0]
+                self.filter_calls += 1
+            out[cid] = r
+        return job, out
+
+    def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
+        fits = cluster.fits_resources(pod)
+        _, verdicts = self._verdicts_for(pod, cluster, fits)
+        ok = np.zeros(cluster.class_total, dtype=bool)
+        ok[[c for c, r in verdicts.items() if r.passed and r.chosen]] = True
+        return ok[cluster.class_of] & fits
+
+    def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
+        fits = cluster.fits_resources(pod)
+        job, verdicts = self._verdicts_for(pod, cluster, fits)
+        passed = [(c, r) for c, r in verdicts.items() if r.passed and r.chosen]
+        if not passed:
+            return None
+        states = [cluster.class_state(c) for c, _ in passed]
+        scores = self.engine.score(job, states, [r for _, r in passed])
+        by_class = np.full(cluster.class_total, -np.inf)
+        for (c, _), st in zip(passed, states):
+            by_class[c] = scores[st.name].score
+        # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
+        keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
+        keys[~fits] = -np.inf
+        i = _pick(keys, rng)
+        if i is None:
+            return None
+        return i, verdicts[int(cluster.class_of[i])].chosen
+
+    def reset(self) -> None:
+        self._verdicts.clear()
+
+
+class KubeBaseline:
+    """kube-scheduler with the NVIDIA device plugin and no extender (see module docstring)."""
+
+    def __init__(self, name: str, catalog: Catalog) -> None:
+        if name not in BASELINES:
+            raise ValueError(f"unknown baseline {name!r}; use one of {', '.join(BASELINES)}")
+        self.name = name
+        self._static = [(limit, frozenset().union(*(_resolve(t, catalog) for t in tokens)))
+                        for limit, tokens in STATIC_MAP]
+
+    def selector(self, pod: SimPod) -> frozenset[str] | None:
+        """The models the pod's nodeSelector allows: its own constraint, and for ``static`` the map."""
+        allowed = pod.allowed_models
+        if self.name == "static" and pod.params is not None:
+            mapped = next(models for limit, models in self._static if pod.params <= limit * 1e9)
+            allowed = mapped if allowed is None else (allowed & mapped)
+        return allowed
+
+    def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
+        return (cluster.gpu_free >= pod.gpus) & cluster.model_mask(self.selector(pod)) & cluster.fits_resources(pod)
+
+    def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
+        ok = self.feasible(pod, cluster)
+        if not ok.any():
+            return None
+        keys = np.zeros(len(ok)) if self.name == "random" else (
+            kube_scores(pod, cluster, "MostAllocated", gpu=True) if self.name == "bestfit"
+            else kube_scores(pod, cluster))
+        keys = np.where(ok, keys, -np.inf)
+        i = _pick(keys, rng)
+        if i is None:
+            return None
+        return i, tuple(cluster.free_units(i)[:pod.gpus])
+
+
+def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
+    from simulator.model import resolve_model
+    try:
+        return catalog.resolve_token(token)
+    except ValueError:
+        return frozenset({resolve_model(token, catalog).id})
+
+
+def make_policies(engine: Engine, baselines: list[str]) -> list[PlacementPolicy]:
+    """gpuplace first, then the named baselines."""
+    return [GpuplacePolicy(engine), *(KubeBaseline(b, engine.catalog) for b in baselines)]

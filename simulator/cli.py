@@ -1,0 +1,184 @@
+"""``gpuplace simulate``: the command line of the simulator (wired into ``gpuplace``).
+
+Imports numpy/matplotlib only when the command runs, so ``gpuplace`` works without the ``sim``
+extra and says how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_OPENB_NODES = "openb_node_list_gpu_node.csv"
+
+EPILOG = """\
+examples:
+  # Alibaba openb trace (FGD, ATC'23), fill mode at 100% and 130% of the fleet's GPUs
+  gpuplace simulate --trace openb --pods ../shared/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
+      --policy default --baselines all --load 1.0,1.3
+  # generated LLM workload on the built-in mixed fleet, JSON and charts
+  gpuplace simulate --trace llm --fleet mixed --load 0.8,1.0,1.3 --json sim.json --charts docs/sim
+  # your own workload (kind: Workload YAML) over your inventory files, replaying arrivals
+  gpuplace simulate --trace yaml --pods examples/workload.yaml --fleet examples/cluster --mode replay
+
+The node list of --trace openb defaults to openb_node_list_gpu_node.csv next to --pods.
+Metrics are defined in the README ("Simulate before you deploy").
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    s = sub.add_parser(
+        "simulate", help="replay a workload over a fleet through gpuplace's filter/score and baselines",
+        description="Replay a workload over a fleet of GPU nodes through the extender's own filter and "
+                    "score, next to baselines (random, kube-scheduler spread, best fit, static "
+                    "nodeSelector), and report allocation ratio, stranded GPUs, OOM risk, premium "
+                    "GPU-hours and cost.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--trace", required=True, choices=("openb", "llm", "yaml"),
+                   help="workload: the Alibaba openb pod list, the generated LLM mix, or a kind: Workload YAML")
+    s.add_argument("--pods", metavar="FILE", help="openb pod list CSV (--trace openb) or Workload YAML (--trace yaml)")
+    s.add_argument("--fleet", metavar="SPEC",
+                   help="openb or spot node list CSV, a directory of NodeGPUInventory files, or 'mixed' "
+                        "(default: the openb node list next to --pods; 'mixed' for --trace llm)")
+    s.add_argument("--mode", choices=("fill", "replay"), default="fill",
+                   help="fill: pods arrive and never leave, snapshot at each load; replay: trace times "
+                        "scaled to the offered load, pods leave, a FIFO queue retries (default fill)")
+    s.add_argument("--policy", default="default", metavar="default|FILE", help="gpuplace policy (default: shipped)")
+    s.add_argument("--baselines", default="all", metavar="LIST",
+                   help="comma list of random,spread,bestfit,static, or all, or none (default all)")
+    s.add_argument("--load", default="1.0,1.3", metavar="LIST",
+                   help="load levels, comma list: share of the fleet's GPUs requested (fill) or offered "
+                        "GPU load per unit of time (replay) (default 1.0,1.3)")
+    s.add_argument("--seed", type=int, default=0, help="first seed; a run is repeatable (default 0)")
+    s.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="seeds seed..seed+N-1; the report shows mean ± spread (default 3)")
+    s.add_argument("--llm-pods", type=int, default=3000, metavar="N",
+                   help="pods of the generated LLM workload in replay mode (default 3000)")
+    s.add_argument("--extender-weight", type=float, default=None, metavar="W",
+                   help="the extender's weight in the kube-scheduler configuration (default 10, as installed)")
+    s.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    s.add_argument("--charts", metavar="DIR", help="write allocation_ratio.png and stranded_by_model.png")
+    s.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(fn=cmd_simulate)
+    return s
+
+
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--load {text!r}: expected a comma list of numbers such as 1.0,1.3") from None
+    if not loads or any(l <= 0 for l in loads):
+        raise ValueError(f"--load {text!r}: expected positive numbers such as 1.0,1.3")
+    return sorted(set(loads))
+
+
+def _baselines(text: str) -> list[str]:
+    from simulator.baselines import BASELINES
+    if text == "all":
+        return list(BASELINES)
+    if text in ("none", ""):
+        return []
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in BASELINES]
+    if bad:
+        raise ValueError(f"--baselines: unknown {', '.join(bad)}; use all, none or a comma list of {', '.join(BASELINES)}")
+    return names
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        print("gpuplace simulate needs numpy: pip install 'gpuplace[sim]'", file=sys.stderr)
+        return 2
+    from scheduler_extender.core.engine import Engine
+    from scheduler_extender.core.policy import PolicyError, load_policy
+    from simulator import report
+    from simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
+    from simulator.model import simulation_catalog
+    from simulator.run import fill_stream, simulate
+    from simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
+    from simulator.workload import llm_pods, rate_for_load
+
+    try:
+        loads = _loads(args.load)
+        baselines = _baselines(args.baselines)
+        if args.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+        policy = load_policy(None if args.policy == "default" else args.policy)
+    except (ValueError, PolicyError) as e:
+        print(f"gpuplace simulate: {e}", file=sys.stderr)
+        return 2
+    catalog = simulation_catalog()
+    engine = Engine(policy, catalog)
+    t0 = time.perf_counter()
+    try:
+        if args.trace in ("openb", "yaml") and not args.pods:
+            raise TraceError(f"--trace {args.trace} needs --pods FILE")
+        if args.pods and not Path(args.pods).is_file():
+            raise TraceError(f"--pods {args.pods}: no such file")
+        fleet = args.fleet
+        if fleet is None:
+            if args.trace == "openb":
+                fleet = str(Path(args.pods).parent / DEFAULT_OPENB_NODES)
+            elif args.trace == "llm":
+                fleet = "mixed"
+            else:
+                raise TraceError("--trace yaml needs --fleet (node list CSV, inventory directory or 'mixed')")
+        nodes = load_fleet(fleet, catalog)
+        skipped = 0
+        if args.trace == "openb":
+            trace, skipped = openb_pods(args.pods, catalog)
+        elif args.trace == "yaml":
+            trace = yaml_pods(args.pods, catalog)
+        else:
+            trace = []
+    except (TraceError, OSError) as e:
+        print(f"gpuplace simulate: {e}", file=sys.stderr)
+        return 2
+    capacity = sum(len(n.inventory.gpus) for n in nodes)
+
+    def pods_for(seed: int, load: float):  # noqa: ANN202
+        if args.trace == "llm":
+            if args.mode == "fill":
+                return llm_pods(seed)
+            gen = llm_pods(seed, rate_per_hour=rate_for_load(load, capacity))
+            return [p for p, _ in zip(gen, range(args.llm_pods))]
+        return fill_stream(trace, seed) if args.mode == "fill" else trace
+
+    weight = EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
+    policies = [GpuplacePolicy(engine, extender_weight=weight), *(KubeBaseline(b, catalog) for b in baselines)]
+    progress = None
+    if not args.quiet and sys.stderr.isatty():
+        def progress(label: str, n: int) -> None:
+            print(f"\r  {label}: {n} pods ...   ", end="", file=sys.stderr, flush=True)
+    if not args.quiet:
+        print(f"fleet: {len(nodes)} nodes, {capacity} GPUs ({fleet}); workload: {args.trace}"
+              f"{f' {args.pods}' if args.pods else ''}; {len(trace) or 'generated'} GPU pods"
+              f"{f', {skipped} CPU-only pods skipped' if skipped else ''}; mode {args.mode}; "
+              f"policies {', '.join(p.name for p in policies)}; seeds {args.seed}..{args.seed + args.repeats - 1}",
+              file=sys.stderr)
+    result = simulate(nodes, policies, engine, mode=args.mode, loads=loads,
+                      seeds=list(range(args.seed, args.seed + args.repeats)), pods_for_seed=pods_for, progress=progress)
+    if progress is not None:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    result.meta = {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": fleet, "nodes": len(nodes),
+                   "gpus": capacity, "skipped_cpu_only_pods": skipped, "extender_weight": weight,
+                   "policy": args.policy, "loads": [report.load_key(l) for l in loads],
+                   "title": f"({args.trace}, {args.mode})"}
+    print(report.render_table(result))
+    print(f"wall time {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        report.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.charts:
+        try:
+            for p in report.write_charts(result, args.charts):
+                print(f"wrote {p}")
+        except RuntimeError as e:
+            print(f"gpuplace simulate: {e}", file=sys.stderr)
+            return 2
+    return 0

@@ -1,0 +1,172 @@
+"""The simulation report: a terminal table, a JSON document and PNG charts.
+
+JSON shape (``to_json``)::
+
+    {"policies": {NAME: {LOAD: {"allocation_ratio": mean, "stranded_gpus": mean, "placed": mean,
+                                "unplaced": mean, "oom_risk": mean or null,
+                                "premium_gpu_hours_wasted": mean, "cost_per_hour": mean, ...,
+                                "stranded_by_model": {model: mean},
+                                "spread": {metric: sample standard deviation over seeds}}}},
+     "seeds": [...], "run_seconds": {NAME: s}, "meta": {...}}
+
+``LOAD`` keys are the load levels as given on the command line (``"1.0"``, ``"1.3"``). A metric
+that is unknown for every seed (``oom_risk`` on a trace without VRAM needs) is ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from simulator.run import RunResult, Snapshot
+
+METRICS = ("allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk", "premium_gpu_hours_wasted",
+           "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
+           "queue_delay_hours_mean", "queue_delay_hours_max")
+
+
+def load_key(load: float) -> str:
+    """``1.0`` -> ``"1.0"``, ``1.25`` -> ``"1.25"``."""
+    text = f"{load:.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def aggregate(snaps: Sequence[Snapshot]) -> dict[str, Any]:
+    """Mean of each metric over seeds, and its spread (sample standard deviation; 0 for one seed)."""
+    out: dict[str, Any] = {}
+    spread: dict[str, float | None] = {}
+    for m in METRICS:
+        values = [getattr(s, m) for s in snaps if getattr(s, m) is not None]
+        if not values:
+            out[m] = None
+            spread[m] = None
+            continue
+        out[m] = statistics.fmean(values)
+        spread[m] = statistics.stdev(values) if len(values) > 1 else 0.0
+    models = sorted({k for s in snaps for k in s.stranded_by_model})
+    out["stranded_by_model"] = {k: statistics.fmean(s.stranded_by_model.get(k, 0) for s in snaps) for k in models}
+    out["spread"] = spread
+    return out
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    return {
+        "policies": {name: {load_key(l): aggregate(snaps) for l, snaps in by_load.items()}
+                     for name, by_load in result.snapshots.items()},
+        "seeds": result.seeds,
+        "run_seconds": {k: round(v, 3) for k, v in result.seconds.items()},
+        "per_seed": {name: {load_key(l): [asdict(s) for s in snaps] for l, snaps in by_load.items()}
+                     for name, by_load in result.snapshots.items()},
+        "meta": result.meta,
+    }
+
+
+def write_json(result: RunResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_json(result), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def _fmt(value: float | None, spread: float | None, fmt: str, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    scale = 100 if pct else 1
+    text = format(value * scale, fmt) + ("%" if pct else "")
+    if spread:
+        text += "±" + format(spread * scale, fmt)
+    return text
+
+
+def render_table(result: RunResult) -> str:
+    """One row per policy and load: means over seeds, ± the spread where seeds differ."""
+    doc = to_json(result)
+    mode = result.meta.get("mode", "fill")
+    cols = ["policy", "load", "alloc", "stranded", "placed", "unplaced", "sharing p/u", "OOM risk",
+            "premium GPU-h wasted", "$/h"]
+    if mode == "replay":
+        cols.append("queue h (mean)")
+    rows = []
+    for name, by_load in doc["policies"].items():
+        for load, a in by_load.items():
+            sp = a["spread"]
+            row = [name, load, _fmt(a["allocation_ratio"], sp["allocation_ratio"], ".2f", pct=True),
+                   _fmt(a["stranded_gpus"], sp["stranded_gpus"], ".0f"), _fmt(a["placed"], sp["placed"], ".0f"),
+                   _fmt(a["unplaced"], sp["unplaced"], ".0f"),
+                   f"{a['sharing_placed']:.0f}/{a['sharing_unplaced']:.0f}",
+                   _fmt(a["oom_risk"], sp["oom_risk"], ".0f"),
+                   _fmt(a["premium_gpu_hours_wasted"], sp["premium_gpu_hours_wasted"], ".0f"),
+                   _fmt(a["cost_per_hour"], sp["cost_per_hour"], ".0f")]
+            if mode == "replay":
+                row.append(_fmt(a["queue_delay_hours_mean"], sp["queue_delay_hours_mean"], ".2f"))
+            rows.append(row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    out = [line(cols), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    secs = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
+    out.append("")
+    out.append(f"seeds {', '.join(map(str, result.seeds))}; run time per policy: {secs}; "
+               f"total {sum(result.seconds.values()):.1f} s")
+    return "\n".join(out)
+
+
+def write_charts(result: RunResult, directory: str | Path) -> list[Path]:
+    """``allocation_ratio.png`` (allocation ratio vs load, error bars = spread) and
+    ``stranded_by_model.png`` (stranded GPUs by model at the highest load).
+
+    Raises:
+        RuntimeError: matplotlib is not installed (``pip install 'gpuplace[sim]'``).
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("charts need matplotlib: pip install 'gpuplace[sim]'") from e
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    doc = to_json(result)
+    title = result.meta.get("title", "")
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, by_load in doc["policies"].items():
+        loads = list(by_load)
+        xs = [float(l) * 100 for l in loads]
+        ys = [by_load[l]["allocation_ratio"] * 100 for l in loads]
+        es = [(by_load[l]["spread"]["allocation_ratio"] or 0) * 100 for l in loads]
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name, linewidth=2.2 if name == "gpuplace" else 1.2)
+    ax.set_xlabel("load: GPUs requested, % of the fleet's GPUs" if result.meta.get("mode") != "replay"
+                  else "load: arrival rate x")
+    ax.set_ylabel("GPU allocation ratio, %")
+    ax.set_title(f"GPU allocation ratio vs load {title}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    p = d / "allocation_ratio.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = list(doc["policies"])
+    top = {n: doc["policies"][n][list(doc["policies"][n])[-1]] for n in names}
+    models = sorted({m for a in top.values() for m in a["stranded_by_model"]})
+    width = 0.8 / max(1, len(names))
+    for k, n in enumerate(names):
+        ax.bar([i + k * width for i in range(len(models))], [top[n]["stranded_by_model"].get(m, 0) for m in models],
+               width=width, label=n)
+    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(models))])
+    ax.set_xticklabels(models, rotation=20, ha="right")
+    last = list(doc["policies"][names[0]])[-1] if names else ""
+    ax.set_ylabel("stranded GPUs (free, no pending pod fits)")
+    ax.set_title(f"Stranded GPUs by model at load {last} {title}".strip())
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    p = d / "stranded_by_model.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths

@@ -1,0 +1,100 @@
+"""`gpuplace explain` (static inventories) and the extender's `POST /explain` on a real server process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import yaml
+
+from tests.factories import EXAMPLES, ROOT
+from tests.unit.test_server import _free_port
+
+NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
+
+
+def explain(*args):
+    return subprocess.run([sys.executable, "-m", "scheduler_extender.gpuplace_cli", "explain", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_explain_shows_every_node_the_vram_terms_and_each_weighted_component_in_one_screen():
+    out = explain(str(EXAMPLES / "pods" / "03-llm-13b-inference.yaml"), "--inventory-dir", str(EXAMPLES / "cluster"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) <= 25 and max(len(line) for line in lines) <= 140
+    assert "VRAM per GPU: 30.3 GiB (estimate)" in out.stdout
+    assert any("weights (13B x 2 B)" in line for line in lines)
+    for n in NODES:
+        assert sum(1 for line in lines if line.split()[1:2] == [n]) == 1, n
+    a6000 = next(line for line in lines if " gpu-a6000-0 " in line)
+    assert a6000.startswith("PASS") and "cost=1.00x5" in a6000 and "vramFit=0.67x2" in a6000
+    assert next(line for line in lines if " gpu-4090-0 " in line).startswith("FAIL")
+    assert lines[-1] == "best node: gpu-a6000-0 (score 7)"
+
+
+def test_explain_json_gives_components_with_weights_and_the_estimate_terms():
+    out = explain(str(EXAMPLES / "pods" / "02-llm-7b-lora.yaml"), "--inventory-dir", str(EXAMPLES / "cluster"), "--json")
+    doc = json.loads(out.stdout)
+    assert doc["bestNode"] in ("gpu-4090-0", "gpu-4090-1")
+    assert sum(t["bytes"] for t in doc["vramPerGpu"]["terms"]) == doc["vramPerGpu"]["bytesPerGpu"]
+    best = next(n for n in doc["nodes"] if n["node"] == doc["bestNode"])
+    assert best["components"]["cost"] == {"value": 1.0, "weight": 5.0}
+    assert {n["node"] for n in doc["nodes"]} == set(NODES)
+
+
+def test_explain_needs_a_cluster_and_says_so():
+    out = explain(str(EXAMPLES / "pods" / "02-llm-7b-lora.yaml"))
+    assert out.returncode == 2 and "--inventory-dir" in out.stderr and "--kubeconfig" in out.stderr
+
+
+def test_explain_reports_an_unreachable_kubeconfig_without_a_traceback(tmp_path):
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{_free_port()}"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}], "users": [{"name": "x", "user": {}}]}))
+    out = explain(str(EXAMPLES / "pods" / "02-llm-7b-lora.yaml"), "--kubeconfig", str(cfg))
+    assert out.returncode == 2 and "cannot read the cluster from --kubeconfig" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_extender_serves_explain_for_a_pod_object_and_refuses_anything_else():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(EXAMPLES / "cluster"),
+                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.1)
+        pod = yaml.safe_load((EXAMPLES / "pods" / "03-llm-13b-inference.yaml").read_text())
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/explain", data=json.dumps(pod).encode(), method="POST")
+        doc = json.loads(urllib.request.urlopen(req, timeout=5).read())
+        assert doc["bestNode"] == "gpu-a6000-0"
+        assert doc["vramPerGpu"]["summary"].startswith("13B inference")
+        verdicts = {n["node"]: n["verdict"] for n in doc["nodes"]}
+        assert verdicts["gpu-4090-0"] == "fail" and verdicts["gpu-a6000-0"] == "pass"
+        assert set(verdicts) == set(NODES)
+        bad = urllib.request.Request(f"http://127.0.0.1:{port}/explain", data=b'{"Pod": 1}', method="POST")
+        try:
+            urllib.request.urlopen(bad, timeout=5)
+            raise AssertionError("expected HTTP 400")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400 and "expected a Pod object" in json.loads(e.read())["Error"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'gpuplace_extender_requests_total{code="200",verb="explain"} 1.0' in metrics
+        assert 'gpuplace_extender_requests_total{code="400",verb="explain"} 1.0' in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)

@@ -1,0 +1,267 @@
+"""The simulator: adapters on real trace rows, bookkeeping, determinism, baselines, report shape."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from scheduler_extender.core.engine import Engine
+from simulator import report
+from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
+from simulator.cluster import Cluster
+from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
+from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate
+from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
+from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
+from tests.factories import EXAMPLES, ROOT
+
+FIX = ROOT / "tests" / "fixtures" / "sim"
+CAT = simulation_catalog()
+ENGINE = Engine(catalog=CAT)
+
+
+def node(name, model_id, count, cpu=None, mem=None, nvlink=False):
+    return SimNode(name, make_inventory(name, CAT.entries[model_id], count, nvlink=nvlink), cpu, mem, f"{model_id}x{count}")
+
+
+# ---- adapters ----------------------------------------------------------------------------------
+
+def test_openb_nodes_map_models_to_catalog_rows_and_g2_to_its_stand_in():
+    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
+    by_model = {n.inventory.gpus[0].name for n in nodes}
+    assert "Tesla T4" in by_model and "Tesla P100-PCIE-16GB" in by_model
+    g2 = next(n for n in nodes if n.inventory.gpus[0].name.startswith("G2"))
+    assert len(g2.inventory.gpus) == 8 and g2.cpu_milli == 96000 and g2.memory_mib == 393216
+    assert CAT.resolve_driver_name(g2.inventory.gpus[0].name).id == "openb-g2"
+    assert "stand-in" in CAT.entries["openb-g2"].sources[0]
+
+
+def test_openb_pods_round_sharing_pods_up_to_one_gpu_and_skip_cpu_only_pods():
+    pods, skipped = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    assert skipped == 1
+    p1 = next(p for p in pods if p.name == "openb-pod-0001")  # gpu_milli 460
+    assert p1.gpus == 1 and p1.sharing and p1.cpu_milli == 6000 and p1.memory_mib == 12288
+    p0 = next(p for p in pods if p.name == "openb-pod-0000")  # a whole GPU, created 0, deleted 12537496
+    assert not p0.sharing and p0.duration_s == 12537496
+
+
+def test_openb_gpu_spec_becomes_the_allowed_models_for_gpuplace_and_the_baselines():
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    v100 = next(p for p in pods if p.name and p.allowed_models and len(p.allowed_models) == 2
+                and all(m.startswith("v100") for m in p.allowed_models))
+    assert v100.allowed_models == {"v100-pcie-16gb", "v100-pcie-32gb"}
+    job = ENGINE.job(v100.manifest())
+    assert job.req.allowed_models == v100.allowed_models and not job.errors
+
+
+def test_spot_fleet_nodes_use_stand_ins_for_undisclosed_series_and_nvlink_on_8_gpu_sxm():
+    nodes = spot_nodes(FIX / "spot_node_info_df.csv", CAT)
+    a100 = next(n for n in nodes if n.inventory.gpus[0].name == "NVIDIA A100-SXM4-80GB")
+    assert len(a100.inventory.gpus) == 8 and len(a100.inventory.gpus[0].nvlinks) == 7
+    assert any(n.inventory.gpus[0].name.startswith("GPU-series-2") for n in nodes)
+    assert all(n.memory_mib is None and n.cpu_milli for n in nodes)
+
+
+def test_a_csv_that_is_no_node_list_is_refused_with_its_columns(tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceError, match="not an openb node list"):
+        load_fleet(str(bad), CAT)
+
+
+def test_yaml_workload_expands_counts_and_names_the_bad_field(tmp_path):
+    pods = yaml_pods(EXAMPLES.parent / "examples" / "workload.yaml", CAT)
+    assert len([p for p in pods if p.name.startswith("llm-7b-lora-")]) == 4
+    assert pods == sorted(pods, key=lambda p: p.creation_s)
+    bad = tmp_path / "w.yaml"
+    bad.write_text("kind: Workload\npods:\n- name: x\n  gpus: zero\n")
+    with pytest.raises(TraceError, match=r"pods\.0\.gpus"):
+        yaml_pods(bad, CAT)
+
+
+def test_llm_generator_is_seeded_and_follows_the_documented_mix():
+    a = [p.annotations for p, _ in zip(llm_pods(7), range(50))]
+    assert a == [p.annotations for p, _ in zip(llm_pods(7), range(50))]
+    sample = [p for p, _ in zip(llm_pods(1), range(4000))]
+    share = sum(p.workload == "inference" for p in sample) / len(sample)
+    assert abs(share - LLM_MIX["inference"][0]) < 0.03
+    assert all(not ENGINE.job(p.manifest()).errors for p in sample[:300])
+
+
+# ---- bookkeeping ------------------------------------------------------------------------------
+
+def test_placing_marks_units_held_and_a_unit_is_never_given_twice():
+    c = Cluster([node("n", "t4", 2, 8000, 1000)], CAT, ENGINE.policy)
+    pod = SimPod("a", 1, cpu_milli=1000, memory_mib=100)
+    units = c.free_units(0)[:1]
+    c.place(0, pod, units)
+    assert c.held[0] == {units[0].uuid: "a"} and c.gpu_free[0] == 1 and c.cpu_free[0] == 7000
+    with pytest.raises(RuntimeError, match="already held"):
+        c.place(0, SimPod("b", 1), units)
+    c.release(0, pod, units)
+    assert c.held[0] == {} and c.gpu_free[0] == 2 and c.allocated == 0
+
+
+def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
+    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    for pol in make_policies(ENGINE, list(BASELINES)):
+        snaps = run_fill(nodes, fill_stream(pods, 0), pol, ENGINE, [0.5, 1.0], 0)
+        capacity = sum(len(n.inventory.gpus) for n in nodes)
+        for s in snaps.values():
+            assert s.allocated_gpus <= capacity
+            assert s.allocation_ratio == pytest.approx(s.allocated_gpus / capacity)
+        assert snaps[1.0].placed + snaps[1.0].unplaced >= snaps[0.5].placed + snaps[0.5].unplaced
+
+
+def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
+    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    cluster = Cluster(nodes, CAT, ENGINE.policy)
+    pol = GpuplacePolicy(ENGINE)
+    rng = random.Random(0)
+    placed = 0
+    for p in pods:
+        choice = pol.choose(p, cluster, rng)
+        if choice is None:
+            continue
+        i, units = choice
+        assert len(units) == p.gpus
+        if p.allowed_models is not None:
+            assert all(u.entry.id in p.allowed_models for u in units), (p.name, [u.entry.id for u in units])
+        cluster.place(i, p, units)
+        placed += 1
+    assert placed > 30
+    assert cluster.allocated == sum(len(h) for h in cluster.held)
+
+
+def natural_load(pods, capacity):
+    """The load at which replay keeps the trace's own times (offered GPU-seconds per second / GPUs)."""
+    span = max(p.creation_s for p in pods) - min(p.creation_s for p in pods)
+    return sum(p.gpus * p.duration_s for p in pods) / span / capacity
+
+
+def test_replay_scales_arrival_times_to_the_offered_load():
+    pods = [SimPod(f"p{i}", 2, creation_s=100 * i, duration_s=50) for i in range(11)]  # 1,100 GPU-s over 1,000 s
+    assert replay_time_scale(pods, 1.0, 1) == pytest.approx(1.0 / 1.1)
+    assert replay_time_scale(pods, 2.2, 1) == pytest.approx(2.0)
+
+
+def test_replay_pods_leave_and_queued_pods_start_when_gpus_free_up():
+    nodes = [node("one", "a10", 1)]
+    pods = [SimPod(f"p{i}", 1, creation_s=600 * i, duration_s=3600) for i in range(3)]
+    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, natural_load(pods, 1), 0)
+    # p0 runs 0-3600; p1 and p2 wait; only p0 has started by the last arrival (1200 s).
+    assert (s.placed, s.unplaced) == (1, 2)
+    pods.append(SimPod("late", 1, creation_s=7300, duration_s=60))
+    s = run_replay(nodes, pods, GpuplacePolicy(ENGINE), ENGINE, natural_load(pods, 1), 0)
+    # p1 starts at 3600 (waited 3000 s), p2 at 7200 (waited 6000 s); "late" finds p2 on the GPU
+    # at 7300 and waits: placed p0, p1, p2.
+    assert (s.placed, s.unplaced) == (3, 1)
+    assert s.queue_delay_hours_max == pytest.approx(6000 / 3600)
+    assert s.queue_delay_hours_mean == pytest.approx((0 + 3000 + 6000) / 3 / 3600)
+
+
+def test_the_same_seed_gives_the_same_numbers():
+    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+
+    def once():
+        r = simulate(nodes, make_policies(ENGINE, ["random", "spread"]), ENGINE, mode="fill", loads=[1.0, 1.3],
+                     seeds=[3, 4], pods_for_seed=lambda s, l: fill_stream(pods, s))
+        d = report.to_json(r)
+        d.pop("run_seconds")
+        return d
+    assert once() == once()
+
+
+# ---- baselines ----------------------------------------------------------------------------------
+
+def test_spread_takes_the_emptiest_node_and_bestfit_the_fullest():
+    nodes = [node("busy", "a10", 4, 32000, 65536), node("idle", "a10", 4, 32000, 65536)]
+    c = Cluster(nodes, CAT, ENGINE.policy)
+    first = SimPod("first", 2, cpu_milli=8000, memory_mib=8192)
+    c.place(0, first, c.free_units(0)[:2])
+    pod = SimPod("next", 1, cpu_milli=4000, memory_mib=4096)
+    rng = random.Random(0)
+    assert KubeBaseline("spread", CAT).choose(pod, c, rng)[0] == 1
+    assert KubeBaseline("bestfit", CAT).choose(pod, c, rng)[0] == 0
+
+
+def test_baselines_count_devices_not_vram_so_a_13b_model_lands_on_a_24gb_card():
+    nodes = [node("small", "rtx-4090", 4, 64000, 262144)]
+    pod = SimPod("llm", 1, {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "inference"},
+                 cpu_milli=1000, memory_mib=1024, params=13e9, workload="inference")
+    c = Cluster(nodes, CAT, ENGINE.policy)
+    assert KubeBaseline("spread", CAT).choose(pod, c, random.Random(0)) is not None
+    assert GpuplacePolicy(ENGINE).choose(pod, c, random.Random(0)) is None
+
+
+def test_static_map_pins_a_70b_model_to_premium_gpus_and_a_3b_model_to_small_ones():
+    static = KubeBaseline("static", CAT)
+    big = static.selector(SimPod("big", 4, params=70e9))
+    small = static.selector(SimPod("small", 1, params=3e9))
+    assert "h100-sxm5-80gb" in big and "t4" not in big
+    assert "t4" in small and "h100-sxm5-80gb" not in small
+    assert static.selector(SimPod("unknown", 1)) is None
+
+
+def test_unknown_baseline_is_refused_with_the_accepted_names():
+    with pytest.raises(ValueError, match="random, spread, bestfit, static"):
+        KubeBaseline("fgd", CAT)
+
+
+def test_on_the_llm_mix_gpuplace_has_no_oom_risk_and_wastes_fewer_premium_gpu_hours_than_every_baseline():
+    fleet = mixed_fleet(CAT)
+    r = simulate(fleet, make_policies(ENGINE, list(BASELINES)), ENGINE, mode="fill", loads=[1.0],
+                 seeds=[0, 1], pods_for_seed=lambda s, l: llm_pods(s))
+    doc = report.to_json(r)["policies"]
+    assert doc["gpuplace"]["1.0"]["oom_risk"] == 0
+    assert doc["spread"]["1.0"]["oom_risk"] > 10
+    for b in BASELINES:
+        assert doc["gpuplace"]["1.0"]["premium_gpu_hours_wasted"] < doc[b]["1.0"]["premium_gpu_hours_wasted"], b
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+def test_json_report_has_the_documented_shape(tmp_path):
+    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    r = simulate(nodes, make_policies(ENGINE, ["random"]), ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[0],
+                 pods_for_seed=lambda s, l: fill_stream(pods, s))
+    path = tmp_path / "r.json"
+    report.write_json(r, path)
+    doc = json.loads(path.read_text())
+    assert set(doc["policies"]) == {"gpuplace", "random"}
+    for name in doc["policies"]:
+        assert set(doc["policies"][name]) == {"1.0", "1.3"}
+        entry = doc["policies"][name]["1.3"]
+        for key in ("allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk", "premium_gpu_hours_wasted"):
+            assert key in entry
+        assert entry["oom_risk"] is None  # openb gives no VRAM need: unknown, not 0
+        assert 0 < entry["allocation_ratio"] <= 1
+
+
+def test_simulate_command_prints_the_table_and_writes_json_and_charts(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "scheduler_extender.gpuplace_cli", "simulate", "--trace", "openb",
+         "--pods", str(FIX / "openb_pod_list_gpuspec33.csv"), "--baselines", "spread,bestfit", "--load", "1.0,1.3",
+         "--repeats", "2", "--json", str(tmp_path / "r.json"), "--charts", str(tmp_path / "charts"), "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:4] == ["policy", "load", "alloc", "stranded"]
+    assert sum(1 for line in lines if line.startswith(("gpuplace", "spread", "bestfit"))) == 6
+    assert (tmp_path / "charts" / "allocation_ratio.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "charts" / "stranded_by_model.png").stat().st_size > 1000
+
+
+def test_simulate_command_names_the_bad_option():
+    out = subprocess.run([sys.executable, "-m", "scheduler_extender.gpuplace_cli", "simulate", "--trace", "openb",
+                          "--pods", str(FIX / "openb_pod_list_gpuspec33.csv"), "--load", "lots"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--load 'lots'" in out.stderr
