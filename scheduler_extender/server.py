@@ -1,7 +1,9 @@
 """HTTP layer: kube-scheduler's extender verbs on Starlette, around ``ExtenderService``.
 
 Endpoints: ``POST /filter``, ``POST /prioritize`` (extender wire format, see ``wire.py``),
-``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus).
+``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus),
+``GET /debug/allocations`` (read-only: per node, the GPUs the extender believes free and held, and
+by which pods; for operators comparing the extender's view with the API server's).
 A malformed body gets HTTP 400 with ``{"Error": "..."}``; an unexpected failure gets 500 with the
 same shape and is logged; the server keeps serving either way.
 """
@@ -137,6 +139,9 @@ def create_app(service: ExtenderService) -> Starlette:
         m.cache_synced.set(1 if service.source.ready() else 0)
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def debug_allocations(request: Request) -> Response:
+        return Response(dumps(service.source.allocations()), media_type="application/json")
+
     async def not_allowed(request: Request) -> Response:
         return JSONResponse({"Error": f"{request.method} {request.url.path}: use POST"}, status_code=405)
 
@@ -146,4 +151,5 @@ def create_app(service: ExtenderService) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/debug/allocations", debug_allocations, methods=["GET"]),
     ])

@@ -212,3 +212,20 @@ def test_an_invalid_policy_stops_start_up_with_the_field_path(tmp_path):
                            "--policy", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "classes.0.deniedModels.0" in proc.stderr and "H100X" in proc.stderr
+
+
+def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
+    from tests.factories import example_inventory
+
+    inv = example_inventory("gpu-4090-0")
+    inv["gpus"][1]["allocatedTo"] = "ml/train"
+    (tmp_path / "gpu-4090-0.json").write_text(json.dumps(inv))
+    service = ExtenderService(Engine(), StaticSource(tmp_path, default_catalog()))
+    with TestClient(create_app(service)) as c:
+        r = c.get("/debug/allocations")
+        assert r.status_code == 200
+        node = r.json()["nodes"]["gpu-4090-0"]
+        assert node["resources"]["nvidia.com/gpu"] == {"allocatable": 4, "held": 1, "free": 3}
+        assert node["pods"] == {"ml/train": {"nvidia.com/gpu": 1}}
+        assert node["heldUnits"] == {inv["gpus"][1]["uuid"]: "ml/train"}
+        assert c.post("/debug/allocations").status_code == 405
