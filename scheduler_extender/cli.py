@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
 
@@ -26,7 +29,8 @@ Modes:
   static   --inventory-dir DIR: one NodeGPUInventory file per node; no cluster needed.
   cluster  --kubeconfig FILE, or in-cluster config: watches Nodes (inventory annotation) and Pods.
 
-Also serves GET /healthz, /readyz (ready after the first full sync), /metrics.
+Also serves GET /healthz, /readyz (ready after the first full sync), /metrics, and the read-only
+GET /debug/allocations (per node: GPUs free and held, and by which pods).
 """
 
 
@@ -45,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "an invalid change is rejected and the running policy kept")
     p.add_argument("--policy-poll-seconds", type=float, default=5.0,
                    help="how often to check --policy for changes (default: 5)")
+    tls = p.add_argument_group(
+        "HTTPS", "serve the extender over TLS; kube-scheduler then needs enableHTTPS: true and a tlsConfig "
+                 "whose caData/caFile verifies this certificate (see README, 'HTTPS')")
+    tls.add_argument("--tls-cert-file", metavar="FILE",
+                     help="PEM server certificate (chain); requires --tls-key-file")
+    tls.add_argument("--tls-key-file", metavar="FILE", help="PEM private key of --tls-cert-file")
+    tls.add_argument("--tls-client-ca-file", metavar="FILE",
+                     help="PEM CA bundle: require clients (kube-scheduler's tlsConfig certData/keyData) to present "
+                          "a certificate it signed; without it any client may connect")
+    p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
+                   help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
+                        f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
     p.add_argument("--log-level", default=os.environ.get("GPUPLACE_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="log level (default: info)")
     return p
@@ -93,8 +109,40 @@ class PolicyWatcher:
         threading.Thread(target=self.run, name="policy-watch", daemon=True).start()
 
 
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's ssl_* keyword arguments for the --tls-* options; {} for plain HTTP.
+
+    Raises:
+        UsageError: a key without a certificate (or the reverse), a client CA without a
+            certificate, or a file that cannot be read (each message names the option).
+    """
+    if not (args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file):
+        return {}
+    if not args.tls_cert_file or not args.tls_key_file:
+        raise UsageError("--tls-cert-file and --tls-key-file go together (and --tls-client-ca-file needs both)")
+    for option, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-key-file", args.tls_key_file),
+                         ("--tls-client-ca-file", args.tls_client_ca_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise UsageError(f"{option} {path}: not a readable file")
+    opts: dict[str, Any] = {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_key_file}
+    if args.tls_client_ca_file:
+        opts.update(ssl_ca_certs=args.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return opts
+
+
+class UsageError(Exception):
+    """A command-line option is wrong; the message says which and how."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        ssl_options = tls_options(args)
+        if args.watch_timeout_seconds < 1:
+            raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
+    except UsageError as e:
+        print(f"gpuplace-extender: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = load_policy(args.policy)
@@ -134,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         cache = ClusterCache(catalog)
         source = ClusterSource(cache, catalog)
-        watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
+        watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
+                             watch_timeout_seconds=args.watch_timeout_seconds)
         watch.start()
 
     service = ExtenderService(engine, source, metrics)
@@ -142,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()
 
     import uvicorn
-    log.info("gpuplace-extender listening on %s:%d (%s mode)", args.host, args.port,
-             "static" if args.inventory_dir else "cluster")
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning", access_log=False)
+    log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
+             args.host, args.port, "static" if args.inventory_dir else "cluster")
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning", access_log=False,
+                **ssl_options)
     return 0
 
 

@@ -229,3 +229,16 @@ def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
         assert node["pods"] == {"ml/train": {"nvidia.com/gpu": 1}}
         assert node["heldUnits"] == {inv["gpus"][1]["uuid"]: "ml/train"}
         assert c.post("/debug/allocations").status_code == 405
+
+
+@pytest.mark.parametrize("argv, mentions", [
+    (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
+    (["--tls-cert-file", "/nonexistent/c.pem", "--tls-key-file", "/nonexistent/k.pem"],
+     "--tls-cert-file /nonexistent/c.pem: not a readable file"),
+    (["--watch-timeout-seconds", "0"], "--watch-timeout-seconds 0: must be at least 1"),
+])
+def test_bad_tls_and_watch_options_exit_2_naming_the_option(argv, mentions, capsys):
+    from scheduler_extender.cli import main
+
+    assert main(["--inventory-dir", str(EXAMPLES / "cluster"), *argv]) == 2
+    assert mentions in capsys.readouterr().err
