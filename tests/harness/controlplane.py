@@ -306,6 +306,9 @@ class ExtenderSpec:
     ignorable: bool = False
     enable_https: bool = False
     managed_resources: tuple[str, ...] = DEFAULT_MANAGED_RESOURCES
+    #: kube-scheduler's ``tlsConfig`` (``insecure``, ``serverName``, ``caData``/``caFile``,
+    #: ``certData``/``keyData`` for a client certificate; ``[]byte`` fields base64-encoded).
+    tls_config: Mapping[str, Any] | None = None
 
     def to_config(self) -> dict[str, Any]:
         """The ``Extender`` object of ``kubescheduler.config.k8s.io/v1``."""
@@ -320,6 +323,8 @@ class ExtenderSpec:
                 {"name": r, "ignoredByScheduler": False} for r in self.managed_resources
             ],
         }
+        if self.tls_config is not None:
+            cfg["tlsConfig"] = dict(self.tls_config)
         for key, verb in (
             ("filterVerb", self.filter_verb),
             ("prioritizeVerb", self.prioritize_verb),
