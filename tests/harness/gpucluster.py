@@ -198,13 +198,16 @@ def wait_placements(api: k8s.ApiClient, names: Iterable[str], *, namespace: str 
 
 
 def gpu_pod_manifest(name: str, gpus: int = 1, *, resource: str = "nvidia.com/gpu", namespace: str = "default",
-                     scheduler: str = SCHEDULER_NAME, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A pause pod asking for ``gpus`` units of ``resource``, for the scheduler named ``scheduler``."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
-        "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                 "resources": {"limits": {resource: str(gpus)},
-                                               "requests": {"cpu": "10m", "memory": "16Mi"}}}]},
+                     scheduler: str = SCHEDULER_NAME, annotations: Mapping[str, str] | None = None,
+                     node: str | None = None) -> dict[str, Any]:
+    """A pause pod asking for ``gpus`` units of ``resource``, for the scheduler named ``scheduler``;
+    ``node`` pins it with a ``kubernetes.io/hostname`` nodeSelector."""
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {resource: str(gpus)}, "requests": {"cpu": "10m", "memory": "16Mi"}}}],
     }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})}, "spec": spec}
