@@ -44,7 +44,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from scheduler_extender.core.requirements import pod_gpu_requests
+from tests.harness.allocations import api_truth, extender_view, overcommit, view_diff
 from tests.harness.controlplane import (
     ControlPlane, ExtenderSpec, SchedulerSpec, create_node, free_port, pod_events, wait_for,
 )
@@ -166,56 +166,6 @@ def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
 
 
 # ---- truth, view, invariants -----------------------------------------------------------------
-def api_truth(fc: FaultCluster) -> dict[str, dict[str, dict[str, int]]]:
-    """node -> {"ns/pod": {resource: units}} for bound, unfinished GPU pods, from the API server."""
-    resp = fc.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", _preload_content=False)
-    truth: dict[str, dict[str, dict[str, int]]] = {}
-    for p in json.loads(resp.data)["items"]:
-        if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        requests, _ = pod_gpu_requests(p)
-        if requests:
-            key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-            truth.setdefault(p["spec"]["nodeName"], {})[key] = dict(requests)
-    return truth
-
-
-def extender_view(ext: ExtenderProcess) -> dict[str, Any]:
-    status, body = ext.get("/debug/allocations")
-    if status != 200:
-        raise RuntimeError(f"GET /debug/allocations: HTTP {status}: {body[:300]}")
-    return dict(json.loads(body))
-
-
-def view_diff(truth: dict[str, dict[str, dict[str, int]]], view: dict[str, Any]) -> list[str]:
-    nodes = view["nodes"]
-    problems = [] if view["synced"] else ["not synced"]
-    for node in sorted(set(truth) | {n for n, v in nodes.items() if v["pods"]}):
-        want, have = truth.get(node, {}), (nodes.get(node) or {}).get("pods", {})
-        if want != have:
-            problems.append(f"{node}: API server {sorted(want)} vs extender {sorted(have)}")
-    return problems
-
-
-def assert_no_overcommit(fc: FaultCluster, truth: dict[str, dict[str, dict[str, int]]],
-                         views: list[dict[str, Any]]) -> None:
-    """No GPU counted for two pods: neither the API server's bindings nor the extender's view."""
-    allocatable = {n.metadata.name: n.status.allocatable or {} for n in fc.core.list_node().items}
-    for node, pods in truth.items():
-        if node not in allocatable:
-            continue  # a deleted Node: its pods hold nothing real until the pod GC deletes them
-        for resource in {r for req in pods.values() for r in req}:
-            granted = sum(req.get(resource, 0) for req in pods.values())
-            limit = int(allocatable.get(node, {}).get(resource, 0))
-            assert granted <= limit, f"{node}: {granted} {resource} granted > {limit} allocatable ({pods})"
-    for view in views:
-        for node, v in view["nodes"].items():
-            for resource, u in v["resources"].items():
-                if u["allocatable"] is not None:
-                    assert u["held"] <= u["allocatable"], f"extender counts {u} {resource} on {node}"
-            assert len(set(v["heldUnits"])) == len(v["heldUnits"])
-
-
 def wait_converged(fc: FaultCluster, what: str, since: float | None = None,
                    extra: Any = None) -> float:
     """Wait until every replica's view equals the API server's (and ``extra()`` holds); seconds from ``since``."""
@@ -224,14 +174,15 @@ def wait_converged(fc: FaultCluster, what: str, since: float | None = None,
 
     def converged() -> bool:
         nonlocal last
-        truth = api_truth(fc)
+        truth = api_truth(fc.core)
         views = [extender_view(r) for r in fc.replicas]
         last = [f"replica {i}: {p}" for i, v in enumerate(views) for p in view_diff(truth, v)]
         if extra is not None and not last:
             last = list(extra(views))
         if last:
             return False
-        assert_no_overcommit(fc, truth, views)
+        over = overcommit(fc.core, truth, views)
+        assert not over, f"GPUs counted for two pods: {over}"
         return True
 
     try:
@@ -248,7 +199,7 @@ def probe_8gpu_pod(fc: FaultCluster, after: str) -> str:
     create_pods(fc.api, [gpu_pod_manifest(name, 8)])
     placed = wait_placements(fc.api, [name], timeout=DEADLINE)[name]
     assert placed is not None, f"8-GPU pod not bound after {after}: {pod_events(fc.api, 'default', name)}"
-    others = {k: v for k, v in api_truth(fc).get(placed, {}).items() if k != f"default/{name}"}
+    others = {k: v for k, v in api_truth(fc.core).get(placed, {}).items() if k != f"default/{name}"}
     assert not others, f"8-GPU pod bound to {placed}, where {others} hold GPUs"
     for view in (extender_view(r) for r in fc.replicas):
         assert view["nodes"][placed]["resources"][GPU]["allocatable"] == 8, view["nodes"][placed]

@@ -92,3 +92,13 @@ def test_a_broken_stream_marks_the_cache_unsynced_and_relists():
     ])
     assert cache.node_names() == ["a", "b", "d"]
     assert cache.nodes_synced  # synced again after the successful relist
+
+
+def test_the_watch_timeout_is_asked_of_the_server_and_bounds_the_client_read():
+    stop = threading.Event()
+    api = FakeAPI([listing("10", "a"), FakeResponse(lines=[])], stop)
+    cache = ClusterCache(default_catalog())
+    ResourceWatcher("nodes", api, cache, stop, watch_timeout_seconds=5).run()
+    watch = next(c for c in api.calls if c.get("watch"))
+    assert watch["timeout_seconds"] == 5
+    assert watch["_request_timeout"] == (5, 35)
