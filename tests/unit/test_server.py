@@ -242,3 +242,21 @@ def test_bad_tls_and_watch_options_exit_2_naming_the_option(argv, mentions, caps
 
     assert main(["--inventory-dir", str(EXAMPLES / "cluster"), *argv]) == 2
     assert mentions in capsys.readouterr().err
+
+
+BROKEN_KUBECONFIGS = [
+    "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: SECRET-TOKEN-42\n   bad: [\n",
+    "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: SECRET-TOKEN-42\nclusters: 5\n",
+    "apiVersion: v1\nkind: Config\ncurrent-context: x\nusers:\n- name: a\n  user: {token: SECRET-TOKEN-42}\n",
+]
+
+
+@pytest.mark.parametrize("text", BROKEN_KUBECONFIGS)
+def test_a_broken_kubeconfig_exits_2_without_echoing_its_token(text, tmp_path, capsys):
+    from scheduler_extender.cli import main
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    assert main(["--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "no cluster configuration" in err and "SECRET-TOKEN-42" not in err
