@@ -34,6 +34,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -196,7 +197,14 @@ def wait_converged(fc: FaultCluster, what: str, since: float | None = None,
 def probe_8gpu_pod(fc: FaultCluster, after: str) -> str:
     """A new 8-GPU pod lands only on a node whose 8 GPUs are really free; returns that node."""
     name = "probe-8gpu-" + re.sub(r"[^a-z0-9]+", "-", after.lower()).strip("-")
+    truth = api_truth(fc.core)
     create_pods(fc.api, [gpu_pod_manifest(name, 8)])
+    if all(truth.get(n) for n in NODES):
+        # No node is free: the pod must wait with a reason; then free the least used node.
+        wait_for(lambda: pod_events(fc.api, "default", name), DEADLINE, interval=0.3, message="no scheduling event")
+        assert not all_bound(fc, [name]), f"8-GPU pod bound while every node holds GPU pods: {truth}"
+        least = min(NODES, key=lambda n: sum(sum(r.values()) for r in truth[n].values()))
+        delete_pods(fc, [key.split("/", 1)[1] for key in truth[least]])
     placed = wait_placements(fc.api, [name], timeout=DEADLINE)[name]
     assert placed is not None, f"8-GPU pod not bound after {after}: {pod_events(fc.api, 'default', name)}"
     others = {k: v for k, v in api_truth(fc.core).get(placed, {}).items() if k != f"default/{name}"}
@@ -264,7 +272,8 @@ def test_apiserver_restart_while_pods_are_scheduled(fc: FaultCluster) -> None:
     for i in range(2):
         unready = [t for t, j, ok in log if j == i and not ok and t >= t_stop]
         assert unready, f"replica {i}: /readyz never went false while the API server was down ({log})"
-        ready_again = min(t for t, j, ok in log if j == i and ok and t > unready[0])
+        ready_again = wait_for(lambda: min((t for t, j, ok in log if j == i and ok and t > unready[0]), default=None),
+                               DEADLINE, message=f"replica {i} never ready again in the Service")
         report(f"fault apiserver-restart: replica {i} /readyz false {unready[0] - t_stop:.1f}s after the stop, "
                f"true again {ready_again - back:+.1f}s after the API server was back")
     report(f"fault apiserver-restart: API server down {outage:.1f}s; burst of {len(names)} pods bound "
@@ -311,12 +320,17 @@ def test_expired_resource_version_answers_410_and_the_extender_relists(fc: Fault
 
 
 def test_one_of_two_replicas_killed_mid_burst(fc: FaultCluster) -> None:
-    names = burst(fc, "rep", [1] * 5)
+    names = [f"rep-{i}" for i in range(16)]
+    creator = threading.Thread(target=lambda: [(burst(fc, n, [1]), time.sleep(0.1)) for n in names])  # trickle
+    creator.start()
+    wait_for(lambda: sum(1 for n in names if all_bound(fc, [f"{n}-0"])) >= 3, DEADLINE, interval=0.05,
+             message="burst did not start")
     victim = fc.replicas[0]
-    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.send_signal(signal.SIGKILL)  # while kube-scheduler is calling it for the rest
     victim.proc.wait(timeout=10)
     t0 = time.monotonic()
-    names += burst(fc, "rep-late", [1] * 5)
+    creator.join()
+    names = [f"{n}-0" for n in names]
     wait_for(lambda: all_bound(fc, names), DEADLINE, interval=0.3, message="burst not bound with one replica")
     bound_s = time.monotonic() - t0
     failed = sum(1 for n in names for m in pod_events(fc.api, "default", n) if "extender" in m.lower())
