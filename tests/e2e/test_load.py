@@ -1,14 +1,15 @@
 """Load: bursts of GPU pods against many fake nodes through the real kube-scheduler and the extender.
 
 Each burst creates ``GPUPLACE_LOAD_PODS`` pods at once (1, 2, 4 and 8 GPUs, MIG-sized inference,
-LoRA fine-tunes, ROCm pods) against ``GPUPLACE_LOAD_NODES`` Nodes cycling through the example
-inventories (RTX 4090, A100 with and without MIG, H100, A6000, Radeon VII, ...), more than the
-cluster can hold. After each burst:
+LoRA fine-tunes, ROCm pods, ``nvidia.com/mig-<profile>`` requests) against ``GPUPLACE_LOAD_NODES``
+Nodes cycling through the example inventories (RTX 4090, A100 with and without MIG, H100, A6000,
+Radeon VII, ...) plus the MIG nodes under the ``mixed`` strategy, more than the cluster can hold.
+After each burst:
 
 * every pod is bound or Pending with a reason (a FailedScheduling event);
-* no node is over-committed: per node and resource (MIG devices included, which the ``single``
-  strategy advertises as ``nvidia.com/gpu``), granted units <= allocatable, and the extender's
-  view equals the API server's;
+* no node is over-committed: per node and resource (MIG devices included: ``nvidia.com/gpu``
+  under the ``single`` strategy, ``nvidia.com/mig-<profile>`` under ``mixed``), granted units <=
+  allocatable, and the extender's view equals the API server's;
 * the extender's RSS (``/proc/PID/status``) is printed; over ``GPUPLACE_LOAD_BURSTS`` bursts
   (pods deleted in between) the last must stay within +25% of the second (the first includes
   warm-up: imports, parsed inventories, allocator arenas).
@@ -61,6 +62,8 @@ POD_MIX: list[tuple[int, str, dict[str, str]]] = [
     (8, "nvidia.com/gpu", {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "training",
                            "gpuplace.io/sharding": "fsdp"}),
     (1, "amd.com/gpu", {"gpuplace.io/runtime": "rocm"}),
+    (1, "nvidia.com/mig-3g.40gb", {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "inference"}),
+    (2, "nvidia.com/mig-1g.10gb", {"gpuplace.io/model-params": "3B", "gpuplace.io/workload": "inference"}),
 ]
 
 
@@ -77,6 +80,8 @@ def load_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         api = cp.api_client()
         k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
         templates = [json.loads(p.read_text()) for p in sorted((ROOT / "examples" / "cluster").glob("*.json"))]
+        # The MIG nodes once more with the device plugin's mixed strategy: nvidia.com/mig-<profile>.
+        templates += [{**t, "migStrategy": "mixed"} for t in templates if t.get("migStrategy") == "single"]
         t0 = time.monotonic()
 
         def make(i: int) -> None:
@@ -142,18 +147,20 @@ def run_burst(cp: ControlPlane, ext: ExtenderProcess, k: int) -> dict[str, Any]:
     truth = api_truth(core)
     wait_for(lambda: not view_diff(api_truth(core), extender_view(ext)), 60, interval=0.5,
              message=f"burst {k}: extender view differs from the API server")
+    mig_bound = sum(1 for pods in truth.values() for req in pods.values() if any(r.startswith("nvidia.com/mig-")
+                                                                                 for r in req))
     problems = overcommit(core, truth, [extender_view(ext)])
     assert not problems, f"burst {k}: over-committed: {problems[:5]}"
     rss = rss_bytes(ext.proc.pid)
     report(f"load burst {k + 1}/{N_BURSTS}: {N_PODS} pods on {N_NODES} nodes: {len(bound)} bound, "
-           f"{len(pending)} Pending with a reason; created in {created_s:.1f}s, settled in {settled_s:.1f}s; "
+           f"{len(pending)} Pending with a reason ({mig_bound} bound MIG-profile pods); created in {created_s:.1f}s, settled in {settled_s:.1f}s; "
            f"extender RSS {rss / 2**20:.1f} MiB")
     core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(NAMESPACE, limit=1).items, 120, message="pods not deleted")
     wait_for(lambda: not any(v["pods"] for v in extender_view(ext)["nodes"].values()), 60, interval=0.5,
              message=f"burst {k}: the extender still counts deleted pods")
     api.close()
-    return {"bound": len(bound), "pending": len(pending), "rss": rss}
+    return {"bound": len(bound), "pending": len(pending), "mig_bound": mig_bound, "rss": rss}
 
 
 def test_bursts_of_gpu_pods_bind_or_wait_with_a_reason_without_overcommit_or_memory_growth(load_cluster):
@@ -161,6 +168,7 @@ def test_bursts_of_gpu_pods_bind_or_wait_with_a_reason_without_overcommit_or_mem
     results = [run_burst(cp, ext, k) for k in range(N_BURSTS)]
     assert all(r["bound"] > 0 for r in results), results
     assert all(r["pending"] > 0 for r in results), f"the mix should overflow the cluster: {results}"
+    assert all(r["mig_bound"] > 0 for r in results), f"no nvidia.com/mig-<profile> pod was bound: {results}"
     if N_BURSTS >= 3:
         second, last = results[1]["rss"], results[-1]["rss"]
         assert last <= second * 1.25, (
