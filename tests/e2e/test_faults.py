@@ -142,13 +142,13 @@ def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
         service = TCPProxy([("127.0.0.1", p) for p in ports], ready_checks=[ready_check(0), ready_check(1)])
         cluster = FaultCluster(cp, workdir, api_link, service, kubeconfig, policy, cp.api_client(), replicas)
         src = json.loads((ROOT / "examples" / "cluster" / "gpu-a100-80g-0.json").read_text())
-        for node in NODES:
-            inv = {**src, "nodeName": node}
-            cluster.inventories[node] = workdir / f"{node}.json"
-            cluster.inventories[node].write_text(json.dumps(inv, indent=2))
-            create_node(cp.api_client(), node, node_allocatable(inv), labels={"gpuplace.io/fake-node": "true"})
-            cluster.start_agent(node)
         try:
+            for node in NODES:
+                inv = {**src, "nodeName": node}
+                cluster.inventories[node] = workdir / f"{node}.json"
+                cluster.inventories[node].write_text(json.dumps(inv, indent=2))
+                create_node(cluster.api, node, node_allocatable(inv), labels={"gpuplace.io/fake-node": "true"})
+                cluster.start_agent(node)
             for i, port in enumerate(ports):
                 cluster.start_replica(i, port)
             service.start()
@@ -164,6 +164,7 @@ def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
             for node in list(cluster.agents):
                 cluster.kill_agent(node)
             api_link.stop()
+            cluster.api.close()
 
 
 # ---- truth, view, invariants -----------------------------------------------------------------
