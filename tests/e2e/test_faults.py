@@ -45,7 +45,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.harness.allocations import api_truth, extender_view, overcommit, view_diff
+from tests.harness.allocations import api_truth, extender_view, overcommit, view_diff, view_overcount
 from tests.harness.controlplane import (
     ControlPlane, ExtenderSpec, SchedulerSpec, create_node, free_port, pod_events, wait_for,
 )
@@ -155,7 +155,12 @@ def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
             cp.add_scheduler(SchedulerSpec(name=SCHEDULER_NAME, extender=ExtenderSpec(
                 url_prefix=f"http://127.0.0.1:{service.port}")))
             wait_converged(cluster, "initial inventories")
+            sampler = OvercountSampler(cluster).start()
             yield cluster
+            sampler.stop()
+            report(f"faults: {sampler.samples} samples of the replicas' views taken during all faults, "
+                   f"{len(sampler.violations)} with a GPU counted twice")
+            assert not sampler.violations, sampler.violations[:5]
         finally:
             cp.stop_scheduler(SCHEDULER_NAME)
             service.stop()
@@ -168,6 +173,36 @@ def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
 
 
 # ---- truth, view, invariants -----------------------------------------------------------------
+class OvercountSampler:
+    """Samples every live replica's view all through the faults, not only once converged: no
+    sample may count more units held on a node than the node has healthy."""
+
+    def __init__(self, fc: FaultCluster) -> None:
+        self.fc = fc
+        self.samples = 0
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="overcount-sampler", daemon=True)
+
+    def start(self) -> OvercountSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for i, ext in enumerate(list(self.fc.replicas)):
+                try:
+                    view = extender_view(ext)
+                except (OSError, RuntimeError, ValueError):
+                    continue  # a killed or restarting replica: nothing to check
+                self.samples += 1
+                self.violations += [f"replica {i}: {p}" for p in view_overcount(view)]
+
+
 def wait_converged(fc: FaultCluster, what: str, since: float | None = None,
                    extra: Any = None) -> float:
     """Wait until every replica's view equals the API server's (and ``extra()`` holds); seconds from ``since``."""

@@ -69,8 +69,11 @@ def overcommit(core: k8s.CoreV1Api, truth: Truth, views: list[dict[str, Any]]) -
             if granted > limit:
                 problems.append(f"API server: {node}: {granted} {resource} granted > {limit} allocatable ({pods})")
     for i, view in enumerate(views):
-        for node, v in view["nodes"].items():
-            for resource, u in v["resources"].items():
-                if u["allocatable"] is not None and u["held"] > u["allocatable"]:
-                    problems.append(f"extender {i}: {node}: {resource} {u}")
+        problems += [f"extender {i}: {p}" for p in view_overcount(view)]
     return problems
+
+
+def view_overcount(view: dict[str, Any]) -> list[str]:
+    """Nodes where the extender's view holds more units of a resource than the node has healthy."""
+    return [f"{node}: {resource} {u}, pods {v['pods']}" for node, v in view["nodes"].items()
+            for resource, u in v["resources"].items() if u["allocatable"] is not None and u["held"] > u["allocatable"]]
