@@ -5,13 +5,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane demo test test-unit test-e2e lint clean fuzz
+.PHONY: help install controlplane demo test test-unit test-e2e test-faults test-load lint clean fuzz
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
 	@echo "make test-unit   fast tests only (no control plane)"
 	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
+	@echo "make test-faults fault injection on the real control plane; prints time to converge per fault"
+	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
 
@@ -41,6 +43,14 @@ fuzz: install
 
 test-e2e: install controlplane
 	$(BIN)/pytest -q -m e2e
+
+# Also part of `make test` (at a smaller size for the load test).
+test-faults: install controlplane
+	$(BIN)/pytest -q -m faults
+
+test-load: install controlplane
+	GPUPLACE_LOAD_NODES=$${GPUPLACE_LOAD_NODES:-500} GPUPLACE_LOAD_PODS=$${GPUPLACE_LOAD_PODS:-2000} \
+	GPUPLACE_LOAD_BURSTS=$${GPUPLACE_LOAD_BURSTS:-5} $(BIN)/pytest -q -m load
 
 test: install controlplane lint
 	PATH="$$(hack/install-promtool.sh):$$PATH" $(BIN)/pytest -q

@@ -159,6 +159,7 @@ class _DriverlessProbe:
 
 def build_core_v1(kubeconfig: str | None) -> Any:
     """A CoreV1Api from --kubeconfig, else from the in-cluster ServiceAccount."""
+    import yaml
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -168,7 +169,7 @@ def build_core_v1(kubeconfig: str | None) -> Any:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return client.CoreV1Api(client.ApiClient(configuration))
-    except (ConfigException, OSError, ValueError, TypeError) as e:
+    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as e:  # YAMLError: not YAML at all
         if kubeconfig:
             raise UsageError(f"cannot use kubeconfig {kubeconfig}: {e}") from e
         raise UsageError(

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
 from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable
 from scheduler_extender.core.catalog import Catalog
-from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view
+from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.requirements import pod_gpu_requests
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -234,12 +234,7 @@ class ClusterCache:
                 if u.allocated_to and u.allocated_to in live:
                     held[u.uuid] = u.allocated_to
                     named.add(u.allocated_to)
-        anonymous: dict[str, int] = {}
-        for p in pods:
-            if p.key in named:
-                continue
-            for resource, n in p.requests.items():
-                anonymous[resource] = anonymous.get(resource, 0) + n
+        anonymous = _sum_requests(p.requests for p in pods if p.key not in named)
         return NodeAllocation(held=held, anonymous=anonymous)
 
     def state(self, name: str) -> NodeState | None:
@@ -262,3 +257,37 @@ class ClusterCache:
     def pods_on(self, name: str) -> list[str]:
         with self._lock:
             return sorted(self._pods[uid].key for uid in self._pods_by_node.get(name, ()))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole view, for ``GET /debug/allocations``: what the extender believes, per node.
+
+        Shape: ``{"synced": bool, "nodes": {node: {"inventory": "ok" | "missing" | <error>,
+        "resources": {resource: {"allocatable", "held", "free"}}, "pods": {"ns/name":
+        {resource: units}}, "heldUnits": {unit UUID: "ns/name"}}}}``. Pods bound to a node the
+        cache does not know (deleted, or not listed yet) are reported under that node name with
+        ``"inventory": "node unknown"``, so an operator sees them instead of losing them.
+        """
+        with self._lock:
+            out: dict[str, Any] = {}
+            for name in sorted(set(self._nodes) | {p.node for p in self._pods.values()}):
+                node = self._nodes.get(name)
+                pods = {self._pods[uid].key: dict(self._pods[uid].requests)
+                        for uid in sorted(self._pods_by_node.get(name, ()))}
+                if node is None:
+                    alloc = NodeAllocation(anonymous=_sum_requests(pods.values()))
+                    inventory, view = "node unknown", None
+                else:
+                    alloc = self.state(name).allocation  # type: ignore[union-attr]
+                    view = node.view
+                    inventory = "ok" if view is not None else (node.error or "missing")
+                out[name] = {"inventory": inventory, "resources": resource_usage(view, alloc),
+                             "pods": pods, "heldUnits": dict(alloc.held)}
+            return {"synced": self.synced, "nodes": out}
+
+
+def _sum_requests(requests: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for req in requests:
+        for resource, n in req.items():
+            total[resource] = total.get(resource, 0) + n
+    return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -15,6 +16,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
 
@@ -28,7 +30,8 @@ Modes:
   cluster  --kubeconfig FILE, or in-cluster config: watches Nodes (inventory annotation, allocatable),
            Pods, and Namespaces (labels, for policy tenants).
 
-Also serves GET /healthz, /readyz (ready after the first full sync), /metrics.
+Also serves GET /healthz, /readyz (ready after the first full sync), /metrics, and the read-only
+GET /debug/allocations (per node: GPUs free and held, and by which pods).
 """
 
 
@@ -58,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "that ConfigMap and create on events. Excludes --policy")
     p.add_argument("--policy-configmap-key", default="policy.yaml", metavar="KEY",
                    help="data key of --policy-configmap holding the policy YAML (default: policy.yaml)")
+    tls = p.add_argument_group(
+        "HTTPS", "serve the extender over TLS; kube-scheduler then needs enableHTTPS: true and a tlsConfig "
+                 "whose caData/caFile verifies this certificate (see README, 'HTTPS')")
+    tls.add_argument("--tls-cert-file", metavar="FILE",
+                     help="PEM server certificate (chain); requires --tls-key-file")
+    tls.add_argument("--tls-key-file", metavar="FILE", help="PEM private key of --tls-cert-file")
+    tls.add_argument("--tls-client-ca-file", metavar="FILE",
+                     help="PEM CA bundle: require clients (kube-scheduler's tlsConfig certData/keyData) to present "
+                          "a certificate it signed; without it any client may connect")
+    p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
+                   help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
+                        f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
     p.add_argument("--log-level", default=os.environ.get("GPUPLACE_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="log level (default: info)")
     return p
@@ -140,11 +155,43 @@ def _policy_configmap_watcher(args: argparse.Namespace, metrics: ExtenderMetrics
     return w
 
 
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's ssl_* keyword arguments for the --tls-* options; {} for plain HTTP.
+
+    Raises:
+        UsageError: a key without a certificate (or the reverse), a client CA without a
+            certificate, or a file that cannot be read (each message names the option).
+    """
+    if not (args.tls_cert_file or args.tls_key_file or args.tls_client_ca_file):
+        return {}
+    if not args.tls_cert_file or not args.tls_key_file:
+        raise UsageError("--tls-cert-file and --tls-key-file go together (and --tls-client-ca-file needs both)")
+    for option, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-key-file", args.tls_key_file),
+                         ("--tls-client-ca-file", args.tls_client_ca_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise UsageError(f"{option} {path}: not a readable file")
+    opts: dict[str, Any] = {"ssl_certfile": args.tls_cert_file, "ssl_keyfile": args.tls_key_file}
+    if args.tls_client_ca_file:
+        opts.update(ssl_ca_certs=args.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return opts
+
+
+class UsageError(Exception):
+    """A command-line option is wrong; the message says which and how."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.policy_configmap and (args.policy or args.inventory_dir):
         parser.error("--policy-configmap reads the policy from the cluster: it excludes --policy and --inventory-dir")
+    try:
+        ssl_options = tls_options(args)
+        if args.watch_timeout_seconds < 1:
+            raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
+    except UsageError as e:
+        print(f"gpuplace-extender: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = load_policy(args.policy)
@@ -195,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             engine = Engine(policy_watcher.policy, catalog)
         cache = ClusterCache(catalog)
         source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
-        watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc())
+        watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
+                             watch_timeout_seconds=args.watch_timeout_seconds)
         watch.start()
         pending = _start_pending_watch(watch, metrics)
 
@@ -208,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()
 
     import uvicorn
-    log.info("gpuplace-extender listening on %s:%d (%s mode)", args.host, args.port,
-             "static" if args.inventory_dir else "cluster")
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning", access_log=False)
+    log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
+             args.host, args.port, "static" if args.inventory_dir else "cluster")
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning", access_log=False,
+                **ssl_options)
     return 0
 
 

@@ -3,6 +3,8 @@
 Endpoints: ``POST /filter``, ``POST /prioritize`` (extender wire format, see ``wire.py``),
 ``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus),
 ``POST /explain`` (body: a v1.Pod; answer: ``explain.explain_decision`` for every known node).
+``GET /debug/allocations`` (read-only: per node, the GPUs the extender believes free and held, and
+by which pods; for operators comparing the extender's view with the API server's).
 A malformed body gets HTTP 400 with ``{"Error": "..."}``; an unexpected failure gets 500 with the
 same shape and is logged; the server keeps serving either way.
 """
@@ -195,6 +197,9 @@ def create_app(service: ExtenderService) -> Starlette:
             m.inventory_errors.set(rejected())
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def debug_allocations(request: Request) -> Response:
+        return Response(dumps(service.source.allocations()), media_type="application/json")
+
     async def not_allowed(request: Request) -> Response:
         return JSONResponse({"Error": f"{request.method} {request.url.path}: use POST"}, status_code=405)
 
@@ -205,4 +210,5 @@ def create_app(service: ExtenderService) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/debug/allocations", debug_allocations, methods=["GET"]),
     ])

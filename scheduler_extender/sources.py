@@ -21,7 +21,7 @@ from node_agent.inventory import ANNOTATION, InventoryError, format_validation_e
 from scheduler_extender.cache import ClusterCache, parse_node_inventory
 from scheduler_extender.core.allocatable import gpu_allocatable
 from scheduler_extender.core.catalog import Catalog
-from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view
+from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class StateSource(Protocol):
     def ready(self) -> bool: ...
     def now(self) -> dt.datetime | None: ...
     def node_names(self) -> list[str]: ...
+    def allocations(self) -> dict[str, Any]: ...
 
 
 class _AnnotationFallback:
@@ -125,6 +126,21 @@ class StaticSource:
     def node_names(self) -> list[str]:
         return sorted(self._states)
 
+    def allocations(self) -> dict[str, Any]:
+        """``GET /debug/allocations`` in static mode: the files' ``allocatedTo`` (see ClusterCache.snapshot)."""
+        nodes = {}
+        for name, st in sorted(self._states.items()):
+            pods: dict[str, dict[str, int]] = {}
+            for resource, units in (st.view.units_by_resource.items() if st.view else ()):
+                for u in units:
+                    pod = st.allocation.held.get(u.uuid)
+                    if pod:
+                        pods.setdefault(pod, {})[resource] = pods.get(pod, {}).get(resource, 0) + 1
+            nodes[name] = {"inventory": "ok" if st.view is not None else (st.inventory_error or "missing"),
+                           "resources": resource_usage(st.view, st.allocation), "pods": pods,
+                           "heldUnits": dict(st.allocation.held)}
+        return {"synced": True, "nodes": nodes}
+
 
 NAMESPACE_MISS_RETRY_SECONDS = 5.0
 """After a failed direct read of a namespace, how long its labels stay unknown before the next
@@ -183,6 +199,9 @@ class ClusterSource:
 
     def node_names(self) -> list[str]:
         return self.cache.node_names()
+
+    def allocations(self) -> dict[str, Any]:
+        return self.cache.snapshot()
 
 
 class _NamespaceMeta(BaseModel):

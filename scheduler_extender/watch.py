@@ -62,7 +62,8 @@ class ResourceWatcher:
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache,
                  stop: threading.Event, field_selector: str | None = None,
-                 on_relist: Callable[[str], None] | None = None) -> None:
+                 on_relist: Callable[[str], None] | None = None,
+                 watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS) -> None:
         self.kind = kind
         self._list = list_fn
         self._cache = cache
@@ -70,6 +71,7 @@ class ResourceWatcher:
         self._field_selector = field_selector
         self._on_relist = on_relist or (lambda kind: None)
         self._resp: Any = None
+        self._watch_timeout = watch_timeout_seconds
 
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self._field_selector} if self._field_selector else {}
@@ -106,8 +108,8 @@ class ResourceWatcher:
             WatchGone: the server answered 410 (rv compacted).
         """
         resp = self._list(watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                          timeout_seconds=WATCH_TIMEOUT_SECONDS, _preload_content=False,
-                          _request_timeout=(5, WATCH_TIMEOUT_SECONDS + 30), **self._kwargs())
+                          timeout_seconds=self._watch_timeout, _preload_content=False,
+                          _request_timeout=(5, self._watch_timeout + 30), **self._kwargs())
         self._resp = resp
         try:
             for line in _iter_lines(resp):
@@ -224,14 +226,18 @@ class ClusterWatch:
     """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterCache,
-                 on_relist: Callable[[str], None] | None = None) -> None:
+                 on_relist: Callable[[str], None] | None = None,
+                 watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS) -> None:
         core = client.CoreV1Api(api_client)
         self.stop_event = threading.Event()
         self.watchers = [
-            ResourceWatcher("nodes", core.list_node, cache, self.stop_event, on_relist=on_relist),
+            ResourceWatcher("nodes", core.list_node, cache, self.stop_event, on_relist=on_relist,
+                            watch_timeout_seconds=watch_timeout_seconds),
             ResourceWatcher("pods", core.list_pod_for_all_namespaces, cache, self.stop_event,
-                            field_selector=POD_FIELD_SELECTOR, on_relist=on_relist),
-            ResourceWatcher("namespaces", core.list_namespace, cache, self.stop_event, on_relist=on_relist),
+                            field_selector=POD_FIELD_SELECTOR, on_relist=on_relist,
+                            watch_timeout_seconds=watch_timeout_seconds),
+            ResourceWatcher("namespaces", core.list_namespace, cache, self.stop_event, on_relist=on_relist,
+                            watch_timeout_seconds=watch_timeout_seconds),
         ]
         cache.namespaces_synced = False
         self.threads = [threading.Thread(target=w.run, name=f"watch-{w.kind}", daemon=True) for w in self.watchers]

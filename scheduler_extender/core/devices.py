@@ -195,3 +195,24 @@ class NodeState:
     view: NodeView | None
     allocation: NodeAllocation = EMPTY_ALLOCATION
     inventory_error: str | None = None
+
+
+def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[str, dict[str, int | None]]:
+    """Per extended resource: ``allocatable`` (healthy units), ``held`` and ``free`` unit counts.
+
+    ``held`` counts units named by ``allocation.held`` plus the resource's anonymous units; it can
+    exceed ``allocatable`` only if the cache counts more GPUs than the node has (an over-commit, a
+    bug or a lying inventory), in which case ``free`` is 0. With no view (no usable inventory),
+    allocatable and free are unknown (None) and only anonymous holdings are reported.
+    """
+    usage: dict[str, dict[str, int | None]] = {}
+    if view is not None:
+        for resource, units in view.units_by_resource.items():
+            healthy = sum(1 for u in units if u.healthy)
+            held = sum(1 for u in units if u.uuid in allocation.held) + allocation.anonymous.get(resource, 0)
+            usage[resource] = {"allocatable": healthy, "held": held, "free": max(healthy - held, 0)}
+    for resource, n in allocation.anonymous.items():
+        if resource not in usage:
+            known = view is not None  # a resource the inventory lacks: none allocatable
+            usage[resource] = {"allocatable": 0 if known else None, "held": n, "free": 0 if known else None}
+    return usage

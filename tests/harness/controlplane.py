@@ -326,6 +326,9 @@ class ExtenderSpec:
     ignorable: bool = False
     enable_https: bool = False
     managed_resources: tuple[str, ...] = DEFAULT_MANAGED_RESOURCES
+    #: kube-scheduler's ``tlsConfig`` (``insecure``, ``serverName``, ``caData``/``caFile``,
+    #: ``certData``/``keyData`` for a client certificate; ``[]byte`` fields base64-encoded).
+    tls_config: Mapping[str, Any] | None = None
 
     def to_config(self) -> dict[str, Any]:
         """The ``Extender`` object of ``kubescheduler.config.k8s.io/v1``."""
@@ -340,6 +343,8 @@ class ExtenderSpec:
                 {"name": r, "ignoredByScheduler": False} for r in self.managed_resources
             ],
         }
+        if self.tls_config is not None:
+            cfg["tlsConfig"] = dict(self.tls_config)
         for key, verb in (
             ("filterVerb", self.filter_verb),
             ("prioritizeVerb", self.prioritize_verb),
@@ -604,6 +609,7 @@ class ControlPlane:
     _schedulers: dict[str, _SchedulerProcess] = field(default_factory=dict, init=False, repr=False)
     _api_port: int | None = field(default=None, init=False, repr=False)
     _ca_path: Path | None = field(default=None, init=False, repr=False)
+    _etcd_url: str | None = field(default=None, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -676,6 +682,7 @@ class ControlPlane:
 
             t = time.monotonic()
             etcd_url = self._start_etcd()
+            self._etcd_url = etcd_url
             self.timings["etcd"] = time.monotonic() - t
 
             t = time.monotonic()
@@ -743,6 +750,31 @@ class ControlPlane:
             self.start_timeout,
         )
         return time.monotonic() - t0
+
+    @property
+    def etcd_url(self) -> str:
+        """etcd's client URL (plain HTTP on loopback)."""
+        if self._etcd_url is None:
+            raise RuntimeError("control plane not started")
+        return self._etcd_url
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision; return that revision.
+
+        Why: a watch from a resourceVersion older than the compacted revision is answered
+        ``410 Gone``, so a client must relist; this is how tests expire a client's
+        resourceVersion for real. The apiserver does the same every 5 minutes
+        (``--etcd-compaction-interval``). Uses etcd's v3 JSON gateway (``/v3/kv/...``).
+        """
+        def post(path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+            req = urllib.request.Request(f"{self.etcd_url}{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback etcd
+                return dict(json.loads(resp.read()))
+
+        revision = int(post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     # -- schedulers ---------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -82,14 +83,16 @@ class ExtenderProcess:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    #: Set for an extender serving HTTPS (``--tls-*`` in ``extra_args``): verifies its certificate.
+    ssl_context: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     def get(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=2) as r:
+            with urllib.request.urlopen(self.url + path, timeout=2, context=self.ssl_context) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -105,8 +108,13 @@ class ExtenderProcess:
 
 
 def start_extender(kubeconfig: Path, log_dir: Path, *, port: int | None = None, policy: Path | None = None,
-                   wait_ready: float = 60, extra_args: Iterable[str] = ()) -> ExtenderProcess:
-    """Start the extender against the control plane and wait for ``/readyz`` (caches synced)."""
+                   wait_ready: float = 60, extra_args: Iterable[str] = (),
+                   ssl_context: ssl.SSLContext | None = None) -> ExtenderProcess:
+    """Start the extender against the control plane and wait for ``/readyz`` (caches synced).
+
+    For HTTPS pass the ``--tls-*`` options in ``extra_args`` and an ``ssl_context`` that trusts
+    the serving certificate (and holds a client certificate if the extender requires one).
+    """
     port = port or free_port()
     log_path = log_dir / f"extender-{port}.log"
     cmd = [sys.executable, "-m", "scheduler_extender.cli", "--kubeconfig", str(kubeconfig),
@@ -116,7 +124,7 @@ def start_extender(kubeconfig: Path, log_dir: Path, *, port: int | None = None, 
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    ext = ExtenderProcess(proc, port, log_path)
+    ext = ExtenderProcess(proc, port, log_path, ssl_context)
 
     def ready() -> bool:
         if proc.poll() is not None:
@@ -187,3 +195,19 @@ def wait_placements(api: k8s.ApiClient, names: Iterable[str], *, namespace: str 
             break
         time.sleep(0.2)
     return {n: placed.get(n) for n in names}
+
+
+def gpu_pod_manifest(name: str, gpus: int = 1, *, resource: str = "nvidia.com/gpu", namespace: str = "default",
+                     scheduler: str = SCHEDULER_NAME, annotations: Mapping[str, str] | None = None,
+                     node: str | None = None) -> dict[str, Any]:
+    """A pause pod asking for ``gpus`` units of ``resource``, for the scheduler named ``scheduler``;
+    ``node`` pins it with a ``kubernetes.io/hostname`` nodeSelector."""
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {resource: str(gpus)}, "requests": {"cpu": "10m", "memory": "16Mi"}}}],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})}, "spec": spec}

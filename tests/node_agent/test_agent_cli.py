@@ -203,3 +203,17 @@ def test_help_explains_the_options_and_exit_codes(capsys):
     for words in ("--probe {nvml,fake,fake-nvml}", "--heartbeat-seconds", "--keep-running-without-driver",
                   "exit codes:", "no usable NVIDIA driver"):
         assert words in out
+
+
+@pytest.mark.parametrize("text", [
+    "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: SECRET-TOKEN-42\n   bad: [\n",
+    "apiVersion: v1\nkind: Config\ncurrent-context: x\nusers:\n- name: a\n  user: {token: SECRET-TOKEN-42}\n",
+])
+def test_a_broken_kubeconfig_is_a_usage_error_that_does_not_echo_its_token(text, own_inventory_file, tmp_path, capsys):
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    code = cli.main(["--probe", "fake", "--fake-inventory", str(own_inventory_file), "--node-name", "n", "--once",
+                     "--kubeconfig", str(path), "--metrics-port", "0"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"cannot use kubeconfig {path}" in err and "SECRET-TOKEN-42" not in err

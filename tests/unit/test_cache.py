@@ -96,3 +96,34 @@ def test_pods_without_gpus_are_not_tracked():
     c = cache_with_4090()
     c.apply_pod_event("ADDED", bound(pod({}, gpus=None, name="web"), "gpu-4090-0"))
     assert c.pods_on("gpu-4090-0") == []
+
+
+def test_snapshot_reports_free_and_held_units_per_resource_and_the_pods_holding_them():
+    c = cache_with_4090()
+    c.apply_pod_event("ADDED", bound(pod({}, gpus=3, name="a"), "gpu-4090-0"))
+    snap = c.snapshot()
+    assert snap["synced"] is True
+    node = snap["nodes"]["gpu-4090-0"]
+    assert node["inventory"] == "ok"
+    assert node["resources"]["nvidia.com/gpu"] == {"allocatable": 4, "held": 3, "free": 1}
+    assert node["pods"] == {"default/a": {"nvidia.com/gpu": 3}}
+
+
+def test_snapshot_keeps_pods_bound_to_a_deleted_node_visible():
+    c = cache_with_4090()
+    p = bound(pod({}, gpus=2, name="a"), "gpu-4090-0")
+    c.apply_pod_event("ADDED", p)
+    c.apply_node_event("DELETED", node_obj("gpu-4090-0"))
+    node = c.snapshot()["nodes"]["gpu-4090-0"]
+    assert node["inventory"] == "node unknown"
+    assert node["resources"]["nvidia.com/gpu"] == {"allocatable": None, "held": 2, "free": None}
+    c.apply_pod_event("DELETED", p)
+    assert "gpu-4090-0" not in c.snapshot()["nodes"]
+
+
+def test_snapshot_counts_an_over_commit_instead_of_hiding_it():
+    c = cache_with_4090()
+    c.apply_pod_event("ADDED", bound(pod({}, gpus=3, name="a"), "gpu-4090-0"))
+    c.apply_pod_event("ADDED", bound(pod({}, gpus=3, name="b"), "gpu-4090-0"))
+    assert c.snapshot()["nodes"]["gpu-4090-0"]["resources"]["nvidia.com/gpu"] == {
+        "allocatable": 4, "held": 6, "free": 0}

@@ -212,3 +212,51 @@ def test_an_invalid_policy_stops_start_up_with_the_field_path(tmp_path):
                            "--policy", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "classes.0.deniedModels.0" in proc.stderr and "H100X" in proc.stderr
+
+
+def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
+    from tests.factories import example_inventory
+
+    inv = example_inventory("gpu-4090-0")
+    inv["gpus"][1]["allocatedTo"] = "ml/train"
+    (tmp_path / "gpu-4090-0.json").write_text(json.dumps(inv))
+    service = ExtenderService(Engine(), StaticSource(tmp_path, default_catalog()))
+    with TestClient(create_app(service)) as c:
+        r = c.get("/debug/allocations")
+        assert r.status_code == 200
+        node = r.json()["nodes"]["gpu-4090-0"]
+        assert node["resources"]["nvidia.com/gpu"] == {"allocatable": 4, "held": 1, "free": 3}
+        assert node["pods"] == {"ml/train": {"nvidia.com/gpu": 1}}
+        assert node["heldUnits"] == {inv["gpus"][1]["uuid"]: "ml/train"}
+        assert c.post("/debug/allocations").status_code == 405
+
+
+@pytest.mark.parametrize("argv, mentions", [
+    (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
+    (["--tls-cert-file", "/nonexistent/c.pem", "--tls-key-file", "/nonexistent/k.pem"],
+     "--tls-cert-file /nonexistent/c.pem: not a readable file"),
+    (["--watch-timeout-seconds", "0"], "--watch-timeout-seconds 0: must be at least 1"),
+])
+def test_bad_tls_and_watch_options_exit_2_naming_the_option(argv, mentions, capsys):
+    from scheduler_extender.cli import main
+
+    assert main(["--inventory-dir", str(EXAMPLES / "cluster"), *argv]) == 2
+    assert mentions in capsys.readouterr().err
+
+
+BROKEN_KUBECONFIGS = [
+    "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: SECRET-TOKEN-42\n   bad: [\n",
+    "apiVersion: v1\nkind: Config\nusers:\n- name: a\n  user:\n    token: SECRET-TOKEN-42\nclusters: 5\n",
+    "apiVersion: v1\nkind: Config\ncurrent-context: x\nusers:\n- name: a\n  user: {token: SECRET-TOKEN-42}\n",
+]
+
+
+@pytest.mark.parametrize("text", BROKEN_KUBECONFIGS)
+def test_a_broken_kubeconfig_exits_2_without_echoing_its_token(text, tmp_path, capsys):
+    from scheduler_extender.cli import main
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    assert main(["--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "no cluster configuration" in err and "SECRET-TOKEN-42" not in err

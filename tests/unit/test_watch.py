@@ -128,3 +128,13 @@ def test_forbidden_namespaces_do_not_block_readiness_and_leave_labels_unknown():
     assert not cache.synced
     ResourceWatcher("namespaces", forbidden, cache, stop).run()
     assert cache.synced and cache.namespace_labels("team-a") is None
+
+
+def test_the_watch_timeout_is_asked_of_the_server_and_bounds_the_client_read():
+    stop = threading.Event()
+    api = FakeAPI([listing("10", "a"), FakeResponse(lines=[])], stop)
+    cache = ClusterCache(default_catalog())
+    ResourceWatcher("nodes", api, cache, stop, watch_timeout_seconds=5).run()
+    watch = next(c for c in api.calls if c.get("watch"))
+    assert watch["timeout_seconds"] == 5
+    assert watch["_request_timeout"] == (5, 35)
