@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from scheduler_extender.core.engine import Engine
-from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.engine import Engine, GroupedResults
+from scheduler_extender.core.job import Job
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
 from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extender_args
@@ -38,19 +39,24 @@ class ExtenderService:
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
 
-    def _decide(self, args: ExtenderArgs) -> tuple[Engine, Any, list[str], list[NodeResult], list[Any]]:
+    def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
+        """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
         states = self.source.states(names, args.Nodes.items if args.Nodes is not None else None)
         job = engine.job(args.Pod)
-        results = engine.filter(job, states, self.source.now())
-        return engine, job, names, results, states
+        return job, names, engine.filter_grouped(job, states, self.source.now())
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
-        engine, job, names, results, _ = self._decide(args)
-        passing = [r.node for r in results if r.passed]
-        failed = {r.node: r.reason for r in results if not r.passed and not r.unresolvable}
-        unresolvable = {r.node: r.reason for r in results if not r.passed and r.unresolvable}
+        job, names, grouped = self._decide_grouped(args)
+        results, group_of = grouped.results, grouped.group_of
+        # Per class, then one pass over the nodes: the per-node work is a list lookup.
+        passed = [r.passed for r in results]
+        reasons = [None if r.passed else r.reason for r in results]
+        unresolvable_class = [not r.passed and r.unresolvable for r in results]
+        passing = [n for n, g in zip(names, group_of) if passed[g]]
+        failed = {n: reasons[g] for n, g in zip(names, group_of) if not passed[g] and not unresolvable_class[g]}
+        unresolvable = {n: reasons[g] for n, g in zip(names, group_of) if unresolvable_class[g]}
         m = self.metrics
         if results and all(r.untouched for r in results):
             m.decisions.labels("not_gpu").inc()
@@ -60,12 +66,17 @@ class ExtenderService:
             m.decisions.labels("schedulable" if passing else "unschedulable").inc()
             if job.vram is not None:
                 m.vram_estimate.observe(job.vram.bytes_per_gpu)
-        for r in results:
+        class_sizes = Counter(group_of)
+        rejected: Counter[str] = Counter()
+        for g, r in enumerate(results):
             for rej in r.rejections:
-                m.rejections.labels(rej.criterion).inc()
+                rejected[rej.criterion] += class_sizes[g]
+        for criterion, count in rejected.items():
+            m.rejections.labels(criterion).inc(count)
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
-                     "; ".join(f"{r.node}: {r.reason}" for r in results[:5]) + (" ..." if len(results) > 5 else ""))
+                     "; ".join(f"{n}: {reasons[g]}" for n, g in zip(names[:5], group_of))
+                     + (" ..." if len(names) > 5 else ""))
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing
@@ -78,15 +89,15 @@ class ExtenderService:
         return body
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
-        engine, job, names, results, states = self._decide(args)
-        scores = engine.score(job, states, results)
-        best = max(scores.values(), key=lambda s: (s.score, -s.cost_per_hour), default=None)
+        job, names, grouped = self._decide_grouped(args)
+        scores = self.engine.score_grouped(job, grouped)
+        best = max((s for s in scores if s is not None), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
-            by_node = {r.node: r for r in results}
-            unit = by_node[best.node].chosen[0] if by_node[best.node].chosen else None
-            model = unit.entry.id if unit is not None and unit.entry else "unknown"
+            chosen = grouped.results[scores.index(best)].chosen
+            model = chosen[0].entry.id if chosen and chosen[0].entry else "unknown"
             self.metrics.placements.labels(model, job.size_class.name).inc()
-        return [{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names]
+        by_class = [s.score if s is not None else 0 for s in scores]
+        return [{"Host": n, "Score": by_class[g]} for n, g in zip(names, grouped.group_of)]
 
 
 def _error(status: int, message: str) -> Response:

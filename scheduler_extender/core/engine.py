@@ -12,7 +12,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from scheduler_extender.core.catalog import Catalog, default_catalog
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.filter import NodeResult, filter_node
+from scheduler_extender.core.equivalence import state_key
+from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job, resolve_job
 from scheduler_extender.core.policy import Policy, default_policy
 from scheduler_extender.core.score import NodeScore, score_nodes
@@ -35,6 +36,21 @@ class Decision:
         return ranked[0] if ranked else None
 
 
+@dataclass(frozen=True)
+class GroupedResults:
+    """Filter verdicts for many nodes, decided once per equivalence class (``core/equivalence.py``).
+
+    Attributes:
+        results: one ``NodeResult`` per class, for its first node (``results[g].node`` is that node).
+        states: the ``NodeState`` of that first node, per class.
+        group_of: per input node, in input order, the index of its class in ``results``.
+    """
+
+    results: list[NodeResult]
+    states: list[NodeState]
+    group_of: list[int]
+
+
 class Engine:
     def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
         self.policy = policy or default_policy()
@@ -45,6 +61,38 @@ class Engine:
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
         return [filter_node(job, s, self.policy, now) for s in states]
+
+    def filter_grouped(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> GroupedResults:
+        """``filter`` for many nodes at once: ``filter_node`` runs once per equivalence class.
+
+        Every node gets its class's verdict and reasons, which are what ``filter_node`` would give
+        it (``tests/unit/test_equivalence.py`` checks this node by node). A node whose inventory is
+        stale is decided on its own: its reason names its own age.
+        """
+        policy = self.policy
+        states = list(states)
+        resource = job.req.resource
+        keys = [state_key(s, resource) for s in states]
+        if now is not None and policy.inventory.on_stale == "reject":
+            for i, s in enumerate(states):
+                if s.view is not None and inventory_rejection(s, policy, now) is not None:
+                    keys[i] = -1 - i  # a class of its own (class numbers are >= 0)
+        # dict builtins instead of a Python loop per node: first node of each class, class index per node.
+        first = dict(zip(reversed(keys), reversed(states)))
+        index = {k: g for g, k in enumerate(dict.fromkeys(keys))}
+        reps = [first[k] for k in index]
+        results = [filter_node(job, s, policy, now) for s in reps]
+        return GroupedResults(results, reps, [index[k] for k in keys])
+
+    def score_grouped(self, job: Job, grouped: GroupedResults) -> list[NodeScore | None]:
+        """Scores per class of ``grouped`` (None for classes that failed the filter).
+
+        A node's score depends on its own state and result and on the cheapest / fastest
+        placement among all candidates; a minimum over the classes equals the minimum over the
+        nodes, so each class's score is every one of its nodes' score.
+        """
+        scores = self.score(job, grouped.states, grouped.results)
+        return [scores.get(r.node) if r.passed else None for r in grouped.results]
 
     def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult]) -> dict[str, NodeScore]:
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
