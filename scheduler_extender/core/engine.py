@@ -74,8 +74,11 @@ class Engine:
         resource = job.req.resource
         keys = [state_key(s, resource) for s in states]
         if now is not None and policy.inventory.on_stale == "reject":
+            # One datetime comparison per node; the exact check (and its message) only near the limit.
+            suspect = now - dt.timedelta(seconds=policy.inventory.stale_after_seconds - 1)
             for i, s in enumerate(states):
-                if s.view is not None and inventory_rejection(s, policy, now) is not None:
+                if (s.view is not None and s.view.inventory.observed_at < suspect
+                        and inventory_rejection(s, policy, now) is not None):
                     keys[i] = -1 - i  # a class of its own (class numbers are >= 0)
         # dict builtins instead of a Python loop per node: first node of each class, class index per node.
         first = dict(zip(reversed(keys), reversed(states)))
