@@ -15,6 +15,7 @@ Allocation rules:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import threading
@@ -27,6 +28,8 @@ from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView,
 from scheduler_extender.core.requirements import pod_gpu_requests
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+CHANGE_LOG_SIZE = 100_000
+"""Node-state changes remembered for ``changes_since``; a reader further behind starts over."""
 
 
 @dataclass
@@ -98,6 +101,38 @@ class ClusterCache:
         self.nodes_synced = False
         self.pods_synced = False
         self.stats = CacheStats()
+        # Change log for readers that keep per-node results between requests (changes_since).
+        self.generation = 0
+        self._changes: collections.deque[tuple[int, str]] = collections.deque(maxlen=CHANGE_LOG_SIZE)
+        self._reset_at = 0
+
+    # ---- change log --------------------------------------------------------------------------
+    def _invalidate(self, name: str) -> None:
+        self._states.pop(name, None)
+        self.generation += 1
+        self._changes.append((self.generation, name))
+
+    def _reset_changes(self) -> None:
+        self.generation += 1
+        self._reset_at = self.generation
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
+        """(current generation, names of nodes whose state changed after ``generation``).
+
+        None when that is no longer known (a full pod list replaced every state, or more than
+        ``CHANGE_LOG_SIZE`` changes ago): the reader must start over.
+        """
+        with self._lock:
+            if generation == self.generation:
+                return generation, set()
+            if generation < self._reset_at or not self._changes or self._changes[0][0] > generation + 1:
+                return None
+            names = set()
+            for g, name in reversed(self._changes):
+                if g <= generation:
+                    break
+                names.add(name)
+            return self.generation, names
 
     # ---- readiness ---------------------------------------------------------------------------
     @property
@@ -120,7 +155,7 @@ class ClusterCache:
             self.stats.inventory_errors[name] = error
         else:
             self.stats.inventory_errors.pop(name, None)
-        self._states.pop(name, None)
+        self._invalidate(name)
 
     def apply_node_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
@@ -128,7 +163,7 @@ class ClusterCache:
             if event_type == "DELETED":
                 name = (obj.get("metadata") or {}).get("name")
                 self._nodes.pop(name, None)
-                self._states.pop(name, None)
+                self._invalidate(name)
                 self.stats.inventory_errors.pop(name, None)
             else:
                 self._set_node(obj)
@@ -143,7 +178,7 @@ class ClusterCache:
             for name in list(self._nodes):
                 if name not in seen:
                     self._nodes.pop(name)
-                    self._states.pop(name, None)
+                    self._invalidate(name)
                     self.stats.inventory_errors.pop(name, None)
             self.nodes_synced = True
 
@@ -152,7 +187,7 @@ class ClusterCache:
         old = self._pods.pop(uid, None)
         if old is not None:
             self._pods_by_node.get(old.node, set()).discard(uid)
-            self._states.pop(old.node, None)
+            self._invalidate(old.node)
 
     def _set_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -169,7 +204,7 @@ class ClusterCache:
         self._remove_pod(uid)
         self._pods[uid] = pod
         self._pods_by_node.setdefault(node, set()).add(uid)
-        self._states.pop(node, None)
+        self._invalidate(node)
 
     def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
@@ -185,6 +220,7 @@ class ClusterCache:
             self._pods.clear()
             self._pods_by_node.clear()
             self._states.clear()
+            self._reset_changes()
             for obj in objs:
                 self._set_pod(obj)
             self.pods_synced = True

@@ -9,8 +9,10 @@ same shape and is logged; the server keeps serving either way.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,7 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.engine import Engine, GroupedResults
+from scheduler_extender.core.equivalence import state_key, state_keys
 from scheduler_extender.core.job import Job
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
@@ -31,6 +35,18 @@ MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
 
 
+@dataclass
+class _NodeListMemo:
+    """The last ``NodeNames`` list: its states and class keys, kept current through the source's
+    change log (kube-scheduler sends the same list pod after pod; a binding changes one node)."""
+
+    generation: int
+    names: list[str]
+    states: list[NodeState]
+    index: dict[str, int]
+    keys: dict[str | None, list[int]] = field(default_factory=dict)
+
+
 class ExtenderService:
     """The verbs, without HTTP. ``engine`` is swapped whole on a policy reload."""
 
@@ -38,14 +54,53 @@ class ExtenderService:
         self.engine = engine
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
+        self._node_list: _NodeListMemo | None = None
+        self._node_list_lock = threading.Lock()
 
     def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
         """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
-        states = self.source.states(names, args.Nodes.items if args.Nodes is not None else None)
         job = engine.job(args.Pod)
-        return job, names, engine.filter_grouped(job, states, self.source.now())
+        if args.Nodes is None:
+            states, keys = self._named_states(names, job.req.resource)
+        else:
+            states, keys = self.source.states(names, args.Nodes.items), None
+        return job, names, engine.filter_grouped(job, states, self.source.now(), keys)
+
+    def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], list[int] | None]:
+        """States (and class keys) of ``NodeNames``; only the nodes changed since the last request
+        with the same list are read again (sources with a change log: ``sources.ChangeLog``)."""
+        source = self.source
+        changes_since = getattr(source, "changes_since", None)
+        if changes_since is None:
+            return source.states(names, None), None
+        with self._node_list_lock:
+            memo = self._node_list
+            if memo is not None and memo.names == names:
+                changes = changes_since(memo.generation)
+                if changes is None:
+                    memo = None
+                else:
+                    memo.generation, changed = changes
+                    for name in changed & memo.index.keys():
+                        i = memo.index[name]
+                        memo.states[i] = state = source.states([name], None)[0]
+                        for r, keys in memo.keys.items():
+                            keys[i] = state_key(state, r)
+            else:
+                memo = None
+            if memo is None:
+                generation = source.generation  # type: ignore[attr-defined]  # read before the states
+                states = source.states(names, None)
+                index = {name: i for i, name in enumerate(names)}
+                if len(index) != len(names):  # a name twice: not worth remembering
+                    return states, None
+                memo = self._node_list = _NodeListMemo(generation, list(names), states, index)
+            keys = memo.keys.get(resource)
+            if keys is None:
+                keys = memo.keys[resource] = state_keys(memo.states, resource)
+            return list(memo.states), list(keys)
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         job, names, grouped = self._decide_grouped(args)

@@ -28,6 +28,15 @@ class StateSource(Protocol):
     def node_names(self) -> list[str]: ...
 
 
+class ChangeLog(Protocol):
+    """Optional: a source that can say which nodes' states changed (``ExtenderService`` keeps the
+    states of the last node list between requests and refreshes only those)."""
+
+    generation: int
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None: ...
+
+
 class _AnnotationFallback:
     """Parses inventories carried by Node objects in the request, memoised per annotation text."""
 
@@ -69,6 +78,7 @@ class StaticSource:
         self._states: dict[str, NodeState] = {}
         self._fallback = _AnnotationFallback(catalog)
         self.errors: dict[str, str] = {}
+        self.generation = 0
         self.load()
 
     def load(self) -> None:
@@ -80,6 +90,7 @@ class StaticSource:
         with bulk_load():
             self._load_files(files, states, errors)
         self._states, self.errors = states, errors
+        self.generation += 1
         log.info("static mode: %d node inventories from %s (%d rejected)", len(states), self.directory, len(errors))
 
     def _load_files(self, files: list[Path], states: dict[str, NodeState], errors: dict[str, str]) -> None:
@@ -98,12 +109,15 @@ class StaticSource:
             states[inv.node_name] = NodeState(name=inv.node_name, view=view, allocation=allocation_from_inventory(view))
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
+        known = self._states
+        if all(map(known.__contains__, names)):  # builtins only: this runs for every node of every request
+            return list(map(known.__getitem__, names))
         objs = _objects_by_name(node_objects) if node_objects is not None else {}
-        out = []
-        for name in names:
-            st = self._states.get(name)
-            out.append(st if st is not None else self._fallback.state(name, objs.get(name)))
-        return out
+        return [known[name] if name in known else self._fallback.state(name, objs.get(name)) for name in names]
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
+        """Nothing changes between loads; a load changes everything (None: start over)."""
+        return (generation, set()) if generation == self.generation else None
 
     def ready(self) -> bool:
         return True
@@ -129,6 +143,13 @@ class ClusterSource:
             st = self.cache.state(name)
             out.append(st if st is not None else self._fallback.state(name, objs.get(name)))
         return out
+
+    @property
+    def generation(self) -> int:
+        return self.cache.generation
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
+        return self.cache.changes_since(generation)
 
     def ready(self) -> bool:
         return self.cache.synced

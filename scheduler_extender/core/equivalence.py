@@ -169,3 +169,12 @@ def state_key(state: NodeState, resource: str | None) -> int:
         number = next(_next_class)
     keys[resource] = number
     return number
+
+
+def state_keys(states: list[NodeState], resource: str | None) -> list[int]:
+    """``state_key`` of every state; the keys computed before are read without a function call each."""
+    attr = _STATE_KEY
+    cached = [(s.__dict__.get(attr) or {}).get(resource) for s in states]
+    if None in cached:
+        cached = [k if k is not None else state_key(s, resource) for s, k in zip(states, cached)]
+    return cached  # type: ignore[return-value]

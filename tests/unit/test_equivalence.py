@@ -158,3 +158,18 @@ def test_nodes_that_differ_in_one_unit_property_are_not_merged(field):
     other[3] = {**other[3], **({"healthy": False} if field == "healthy" else {"eccEnabled": False})}
     a, b = state_of(inventory("a", base)), state_of(inventory("b", other))
     assert state_key(a, "nvidia.com/gpu") != state_key(b, "nvidia.com/gpu")
+
+
+def test_a_stale_node_asked_again_later_reports_its_new_age():
+    docs = generate_cluster(10)
+    for d in docs:
+        d["observedAt"] = "2026-11-21T08:00:00Z"
+    states = [state_of(d) for d in docs]
+    engine = Engine()
+    job = engine.job(pod({"gpuplace.io/vram": "1Gi"}))
+    now = dt.datetime(2026, 11, 21, 9, 0, tzinfo=dt.timezone.utc)
+    for later in (now, now + dt.timedelta(seconds=60)):
+        grouped = engine.filter_grouped(job, states, later)
+        direct = engine.filter(job, states, later)
+        assert [grouped.results[g].reason for g in grouped.group_of] == [d.reason for d in direct]
+    assert "observed 3660 s ago" in direct[0].reason
