@@ -21,7 +21,7 @@ FULL = {
 }
 SMOKE = {
     "extender": ["--sizes", "30,60", "--requests", "6", "--concurrency", "2"],
-    "scheduler": ["--sizes", "12", "--pods", "12", "--settle", "5"],
+    "scheduler": ["--sizes", "20", "--pods", "12", "--settle", "5"],
     "cache": ["--nodes", "60", "--pods", "200", "--memory-sizes", "60"],
 }
 MODULES = {"extender": bench_extender, "scheduler": bench_scheduler, "cache": bench_cache}

@@ -96,7 +96,7 @@ def requests_for(nodes: int, cache_capable: bool, budget: int) -> int:
     """Fewer requests where one is expensive (full NodeLists), so the whole run stays short."""
     if cache_capable:
         return budget
-    return max(10, min(budget, budget * 500 // max(nodes, 1)))
+    return max(min(budget, 10), min(budget, budget * 500 // max(nodes, 1)))
 
 
 def bench_size(nodes: int, args: argparse.Namespace, workdir: Path, log_dir: Path) -> dict[str, Any]:
