@@ -8,6 +8,7 @@ same shape and is logged; the server keeps serving either way.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -100,6 +101,9 @@ class ExtenderService:
             keys = memo.keys.get(resource)
             if keys is None:
                 keys = memo.keys[resource] = state_keys(memo.states, resource)
+                # Keys and view signatures just built live as long as the states: out of the
+                # collector's way, as cache.bulk_load does for the states themselves.
+                gc.freeze()
             return list(memo.states), list(keys)
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:

@@ -56,8 +56,10 @@ class GroupedResults:
     group_of: list[int]
 
 
-MEMO_JOBS = 256
-"""Jobs whose class verdicts an engine remembers (least recently used first out)."""
+MEMO_JOBS = 32
+"""Jobs whose class verdicts an engine remembers (least recently used first out). kube-scheduler
+asks prioritize right after filter; more entries only lengthen the collector's full passes (256
+made them 70 ms at 5,000 nodes)."""
 
 
 def frozen_value(value: Any) -> Hashable:
