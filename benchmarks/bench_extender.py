@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.cluster import generate_cluster, generate_pods, write_cluster
+from benchmarks.cluster import POD_MIX, generate_cluster, generate_pods, pod, write_cluster
 from benchmarks.common import (
     describe_machine, free_port, load_average, machine, peak_rss_mib, percentile, python, rss_mib, start_server,
     stop_server, write_results,
@@ -128,11 +128,13 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path, log_dir: Pat
             # Every pod once per verb, filter then prioritize, as kube-scheduler asks; fresh pods per
             # mode, so the engine's per-pod memory only helps where it would in a cluster.
             bodies = _bodies(generate_pods(n, namespace=f"bench-{str(cache_capable).lower()}"), part, key)
-            warm = _bodies(generate_pods(2, namespace="warm-up"), part, key)
+            # Warm-up with one pod of each kind: first-touch imports, and the class keys of every
+            # state for each resource asked (computed once per state and resource).
+            warm = _bodies([pod(i, a, r, g, "warm-up") for i, (a, r, g, _) in enumerate(POD_MIX)], part, key)
             for verb in VERBS:
                 path = f"/{verb}"
-                run_cell(ext_port, path, warm, 2, 1)  # warm-up: first-touch imports, per-state keys
-                run_cell(ref_port, path, warm, 2, 1)
+                run_cell(ext_port, path, warm, len(warm), 1)
+                run_cell(ref_port, path, warm, len(warm), 1)
                 ours = run_cell(ext_port, path, bodies, n, args.concurrency)
                 floor = run_cell(ref_port, path, bodies, n, args.concurrency)
                 cell = {"nodeCacheCapable": cache_capable, "verb": verb, "body_mib": len(bodies[0]) / 2**20,
