@@ -13,7 +13,7 @@ help:
 	@echo "make test-unit   fast tests only (no control plane)"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd (cached by version)"
-	@echo "make bench       extender, kube-scheduler and cache benchmarks (~8 min on 2 cores); see benchmarks/README.md"
+	@echo "make bench       extender, kube-scheduler and cache benchmarks (3.5-6 min on 2 cores); see benchmarks/README.md"
 	@echo "make bench-smoke the same at tiny sizes: checks that they run (numbers meaningless)"
 	@echo "make bench-profile  pyinstrument profile of filter/prioritize at 5,000 nodes"
 

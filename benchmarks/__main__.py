@@ -1,6 +1,6 @@
 """``make bench``: the three benchmarks in one run, a summary, and ``benchmarks/results/*.json``.
 
-    python -m benchmarks            # full run (about 8 minutes on 2 cores)
+    python -m benchmarks            # full run (3.5-6 minutes on 2 cores)
     python -m benchmarks --smoke    # tiny sizes: checks that everything runs (CI), numbers meaningless
     python -m benchmarks --only extender,cache   # skip the control plane
 """
