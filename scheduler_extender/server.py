@@ -48,6 +48,20 @@ class _NodeListMemo:
     keys: dict[str | None, list[int]] = field(default_factory=dict)
 
 
+def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
+    """``i`` when ``names`` is the remembered list rotated left by ``i``, else None."""
+    if len(names) != len(memo.names):
+        return None
+    if not names:
+        return 0
+    i = memo.index.get(names[0])
+    if i is None:
+        return None
+    if i == 0:
+        return 0 if memo.names == names else None
+    return i if memo.names[i:] + memo.names[:i] == names else None
+
+
 class ExtenderService:
     """The verbs, without HTTP. ``engine`` is swapped whole on a policy reload."""
 
@@ -71,17 +85,20 @@ class ExtenderService:
 
     def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], list[int] | None]:
         """States (and class keys) of ``NodeNames``; only the nodes changed since the last request
-        with the same list are read again (sources with a change log: ``sources.ChangeLog``)."""
+        with the same list (or the same list rotated: kube-scheduler starts each search at the next
+        node) are read again (sources with a change log: ``sources.ChangeLog``)."""
         source = self.source
         changes_since = getattr(source, "changes_since", None)
         if changes_since is None:
             return source.states(names, None), None
         with self._node_list_lock:
             memo = self._node_list
-            if memo is not None and memo.names == names:
+            shift = _rotation(memo, names) if memo is not None else None
+            start_over = memo is None
+            if memo is not None and shift is not None:
                 changes = changes_since(memo.generation)
                 if changes is None:
-                    memo = None
+                    memo, start_over = None, True
                 else:
                     memo.generation, changed = changes
                     for name in changed & memo.index.keys():
@@ -92,6 +109,7 @@ class ExtenderService:
             else:
                 memo = None
             if memo is None:
+                shift = 0
                 generation = source.generation  # type: ignore[attr-defined]  # read before the states
                 states = source.states(names, None)
                 index = {name: i for i, name in enumerate(names)}
@@ -101,9 +119,12 @@ class ExtenderService:
             keys = memo.keys.get(resource)
             if keys is None:
                 keys = memo.keys[resource] = state_keys(memo.states, resource)
-                # Keys and view signatures just built live as long as the states: out of the
-                # collector's way, as cache.bulk_load does for the states themselves.
-                gc.freeze()
+                if start_over:
+                    # Keys and view signatures just built for every node live as long as the states:
+                    # out of the collector's way, as cache.bulk_load does for the states themselves.
+                    gc.freeze()
+            if shift:
+                return memo.states[shift:] + memo.states[:shift], keys[shift:] + keys[:shift]
             return list(memo.states), list(keys)
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:

@@ -140,3 +140,21 @@ def test_jobs_differing_in_any_field_have_different_memo_keys(field, value):
     b = engine.job(pod({"gpuplace.io/model-params": "7B"}, **{field: value}))
     assert frozen_value(a) != frozen_value(b)
     assert frozen_value(a) == frozen_value(engine.job(pod({"gpuplace.io/model-params": "7B"})))
+
+
+def test_a_rotated_node_list_is_answered_in_its_own_order_and_sees_changes():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/vram": "20Gi"}, name="small")
+    ask(service, "prioritize", p)
+    rotated = NODES[3:] + NODES[:3]
+    got = ask(service, "prioritize", p, rotated)
+    assert [h["Host"] for h in got] == rotated
+    assert got == fresh_answer(cache, "prioritize", p, names=rotated)
+    cache.apply_pod_event("ADDED", bound("x", "gpu-a6000-0", 2))
+    q = pod(EIGHT_GPU, gpus=8, name="train")
+    cache.apply_pod_event("ADDED", bound("y", "gpu-a100-80g-0", 1))
+    assert ask(service, "filter", q, rotated) == fresh_answer(cache, "filter", q, names=rotated)
+    assert ask(service, "filter", p, rotated)["NodeNames"] == fresh_answer(cache, "filter", p, names=rotated)["NodeNames"]
+    shuffled = [NODES[3]] + NODES[:3] + NODES[4:]  # same length and names, not a rotation
+    assert ask(service, "prioritize", p, shuffled) == fresh_answer(cache, "prioritize", p, names=shuffled)
