@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane demo test test-unit test-e2e test-faults test-load lint clean fuzz
+.PHONY: help install controlplane demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
@@ -16,6 +16,9 @@ help:
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
+	@echo "make bench       extender, kube-scheduler and cache benchmarks (3.5-6 min on 2 cores); see benchmarks/README.md"
+	@echo "make bench-smoke the same at tiny sizes: checks that they run (numbers meaningless)"
+	@echo "make bench-profile  pyinstrument profile of filter/prioritize at 5,000 nodes"
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +57,19 @@ test-load: install controlplane
 
 test: install controlplane lint
 	PATH="$$(hack/install-promtool.sh):$$PATH" $(BIN)/pytest -q
+
+$(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $@
+
+bench: $(BIN)/.bench-installed controlplane
+	$(BIN)/python -m benchmarks $(ARGS)
+
+bench-smoke: $(BIN)/.bench-installed controlplane
+	$(BIN)/python -m benchmarks --smoke $(ARGS)
+
+bench-profile: $(BIN)/.bench-installed
+	$(BIN)/python -m benchmarks.profile_extender $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .demo

@@ -11,8 +11,12 @@ same shape and is logged; the server keeps serving either way.
 
 from __future__ import annotations
 
+import gc
 import logging
+import threading
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -22,8 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.devices import NodeState
+from scheduler_extender.core.engine import Engine, GroupedResults
+from scheduler_extender.core.equivalence import state_key, state_keys
 from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.job import Job
 from scheduler_extender.explain import explain_decision
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
@@ -35,6 +42,32 @@ MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
 
 
+@dataclass
+class _NodeListMemo:
+    """The last ``NodeNames`` list: its states and class keys, kept current through the source's
+    change log (kube-scheduler sends the same list pod after pod; a binding changes one node)."""
+
+    generation: int
+    names: list[str]
+    states: list[NodeState]
+    index: dict[str, int]
+    keys: dict[str | None, list[int]] = field(default_factory=dict)
+
+
+def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
+    """``i`` when ``names`` is the remembered list rotated left by ``i``, else None."""
+    if len(names) != len(memo.names):
+        return None
+    if not names:
+        return 0
+    i = memo.index.get(names[0])
+    if i is None:
+        return None
+    if i == 0:
+        return 0 if memo.names == names else None
+    return i if memo.names[i:] + memo.names[:i] == names else None
+
+
 class ExtenderService:
     """The verbs, without HTTP. ``engine`` is swapped whole on a policy reload."""
 
@@ -42,14 +75,63 @@ class ExtenderService:
         self.engine = engine
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
+        self._node_list: _NodeListMemo | None = None
+        self._node_list_lock = threading.Lock()
 
-    def _decide(self, args: ExtenderArgs) -> tuple[Engine, Any, list[str], list[NodeResult], list[Any]]:
+    def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
+        """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
-        states = self.source.states(names, args.Nodes.items if args.Nodes is not None else None)
         job = engine.job(args.Pod, self.namespace_labels_of(args.Pod))
-        results = engine.filter(job, states, self.source.now())
-        return engine, job, names, results, states
+        if args.Nodes is None:
+            states, keys = self._named_states(names, job.req.resource)
+        else:
+            states, keys = self.source.states(names, args.Nodes.items), None
+        return job, names, engine.filter_grouped(job, states, self.source.now(), keys)
+
+    def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], list[int] | None]:
+        """States (and class keys) of ``NodeNames``; only the nodes changed since the last request
+        with the same list (or the same list rotated: kube-scheduler starts each search at the next
+        node) are read again (sources with a change log: ``sources.ChangeLog``)."""
+        source = self.source
+        changes_since = getattr(source, "changes_since", None)
+        if changes_since is None:
+            return source.states(names, None), None
+        with self._node_list_lock:
+            memo = self._node_list
+            shift = _rotation(memo, names) if memo is not None else None
+            start_over = memo is None
+            if memo is not None and shift is not None:
+                changes = changes_since(memo.generation)
+                if changes is None:
+                    memo, start_over = None, True
+                else:
+                    memo.generation, changed = changes
+                    for name in changed & memo.index.keys():
+                        i = memo.index[name]
+                        memo.states[i] = state = source.states([name], None)[0]
+                        for r, keys in memo.keys.items():
+                            keys[i] = state_key(state, r)
+            else:
+                memo = None
+            if memo is None:
+                shift = 0
+                generation = source.generation  # type: ignore[attr-defined]  # read before the states
+                states = source.states(names, None)
+                index = {name: i for i, name in enumerate(names)}
+                if len(index) != len(names):  # a name twice: not worth remembering
+                    return states, None
+                memo = self._node_list = _NodeListMemo(generation, list(names), states, index)
+            keys = memo.keys.get(resource)
+            if keys is None:
+                keys = memo.keys[resource] = state_keys(memo.states, resource)
+                if start_over:
+                    # Keys and view signatures just built for every node live as long as the states:
+                    # out of the collector's way, as cache.bulk_load does for the states themselves.
+                    gc.freeze()
+            if shift:
+                return memo.states[shift:] + memo.states[:shift], keys[shift:] + keys[:shift]
+            return list(memo.states), list(keys)
 
     def namespace_labels_of(self, pod: Any) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
@@ -61,10 +143,15 @@ class ExtenderService:
         return lookup(str(namespace))
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
-        engine, job, names, results, _ = self._decide(args)
-        passing = [r.node for r in results if r.passed]
-        failed = {r.node: r.reason for r in results if not r.passed and not r.unresolvable}
-        unresolvable = {r.node: r.reason for r in results if not r.passed and r.unresolvable}
+        job, names, grouped = self._decide_grouped(args)
+        results, group_of = grouped.results, grouped.group_of
+        # Per class, then one pass over the nodes: the per-node work is a list lookup.
+        passed = [r.passed for r in results]
+        reasons = [None if r.passed else r.reason for r in results]
+        unresolvable_class = [not r.passed and r.unresolvable for r in results]
+        passing = [n for n, g in zip(names, group_of) if passed[g]]
+        failed = {n: reasons[g] for n, g in zip(names, group_of) if not passed[g] and not unresolvable_class[g]}
+        unresolvable = {n: reasons[g] for n, g in zip(names, group_of) if unresolvable_class[g]}
         m = self.metrics
         if results and all(r.untouched for r in results):
             m.decisions.labels("not_gpu").inc()
@@ -74,17 +161,24 @@ class ExtenderService:
             m.decisions.labels("schedulable" if passing else "unschedulable").inc()
             if job.vram is not None:
                 m.vram_estimate.observe(job.vram.bytes_per_gpu)
-        for r in results:
+        class_sizes = Counter(group_of)
+        rejected: Counter[str] = Counter()
+        for g, r in enumerate(results):
             for rej in r.rejections:
-                m.rejections.labels(rej.criterion).inc()
+                rejected[rej.criterion] += class_sizes[g]
             if not r.passed and not r.untouched:
-                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc()
-        if len(passing) == 1 and not job.errors and not results[0].untouched:
+                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc(class_sizes[g])
+        for criterion, count in rejected.items():
+            m.rejections.labels(criterion).inc(count)
+        if len(passing) == 1 and not job.errors:
             # kube-scheduler skips prioritize when one node is feasible: this is the placement
-            self._count_placement(job, next(r for r in results if r.passed))
+            g = group_of[names.index(passing[0])]
+            if not results[g].untouched:
+                self._count_placement(job, results[g])
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
-                     "; ".join(f"{r.node}: {r.reason}" for r in results[:5]) + (" ..." if len(results) > 5 else ""))
+                     "; ".join(f"{n}: {reasons[g]}" for n, g in zip(names[:5], group_of))
+                     + (" ..." if len(names) > 5 else ""))
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing
@@ -113,13 +207,13 @@ class ExtenderService:
             q.vram_fit.labels(job.size_class.name).observe(job.vram.bytes_per_gpu / granted_bytes)
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
-        engine, job, names, results, states = self._decide(args)
-        scores = engine.score(job, states, results)
-        best = max(scores.values(), key=lambda s: (s.score, -s.cost_per_hour), default=None)
+        job, names, grouped = self._decide_grouped(args)
+        scores = self.engine.score_grouped(job, grouped)
+        best = max((s for s in scores if s is not None), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
-            by_node = {r.node: r for r in results}
-            self._count_placement(job, by_node[best.node])
-        return [{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names]
+            self._count_placement(job, grouped.results[scores.index(best)])
+        by_class = [s.score if s is not None else 0 for s in scores]
+        return [{"Host": n, "Score": by_class[g]} for n, g in zip(names, grouped.group_of)]
 
 
 def parse_pod_body(body: bytes) -> dict[str, Any]:

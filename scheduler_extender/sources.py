@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from node_agent.inventory import ANNOTATION, InventoryError, format_validation_error, parse_inventory
-from scheduler_extender.cache import ClusterCache, parse_node_inventory
+from scheduler_extender.cache import ClusterCache, bulk_load, parse_node_inventory
 from scheduler_extender.core.allocatable import gpu_allocatable
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
@@ -32,6 +32,15 @@ class StateSource(Protocol):
     def now(self) -> dt.datetime | None: ...
     def node_names(self) -> list[str]: ...
     def allocations(self) -> dict[str, Any]: ...
+
+
+class ChangeLog(Protocol):
+    """Optional: a source that can say which nodes' states changed (``ExtenderService`` keeps the
+    states of the last node list between requests and refreshes only those)."""
+
+    generation: int
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None: ...
 
 
 class _AnnotationFallback:
@@ -78,6 +87,7 @@ class StaticSource:
         self._states: dict[str, NodeState] = {}
         self._fallback = _AnnotationFallback(catalog)
         self.errors: dict[str, str] = {}
+        self.generation = 0
         self.load()
 
     def load(self) -> None:
@@ -86,6 +96,13 @@ class StaticSource:
         states: dict[str, NodeState] = {}
         errors: dict[str, str] = {}
         files = sorted(p for p in self.directory.iterdir() if p.suffix in (".json", ".yaml", ".yml"))
+        with bulk_load():
+            self._load_files(files, states, errors)
+        self._states, self.errors = states, errors
+        self.generation += 1
+        log.info("static mode: %d node inventories from %s (%d rejected)", len(states), self.directory, len(errors))
+
+    def _load_files(self, files: list[Path], states: dict[str, NodeState], errors: dict[str, str]) -> None:
         for path in files:
             try:
                 inv = parse_inventory(path.read_text(encoding="utf-8"), source=str(path))
@@ -99,16 +116,17 @@ class StaticSource:
                 log.error("%s: node %s already defined by another file; ignored", path, inv.node_name)
                 continue
             states[inv.node_name] = NodeState(name=inv.node_name, view=view, allocation=allocation_from_inventory(view))
-        self._states, self.errors = states, errors
-        log.info("static mode: %d node inventories from %s (%d rejected)", len(states), self.directory, len(errors))
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
+        known = self._states
+        if all(map(known.__contains__, names)):  # builtins only: this runs for every node of every request
+            return list(map(known.__getitem__, names))
         objs = _objects_by_name(node_objects) if node_objects is not None else {}
-        out = []
-        for name in names:
-            st = self._states.get(name)
-            out.append(st if st is not None else self._fallback.state(name, objs.get(name)))
-        return out
+        return [known[name] if name in known else self._fallback.state(name, objs.get(name)) for name in names]
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
+        """Nothing changes between loads; a load changes everything (None: start over)."""
+        return (generation, set()) if generation == self.generation else None
 
     def ready(self) -> bool:
         return True
@@ -170,6 +188,13 @@ class ClusterSource:
             st = self.cache.state(name)
             out.append(st if st is not None else self._fallback.state(name, objs.get(name)))
         return out
+
+    @property
+    def generation(self) -> int:
+        return self.cache.generation
+
+    def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
+        return self.cache.changes_since(generation)
 
     def ready(self) -> bool:
         return self.cache.synced

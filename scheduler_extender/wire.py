@@ -162,9 +162,16 @@ def _check_fields(model: type[BaseModel], obj: dict[str, Any], prefix: str) -> N
         raise WireError(_first_error(e, prefix)) from e
 
 
-def dumps(obj: Any) -> bytes:
+def _model_json(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
-        obj = obj.model_dump(mode="json")
-    elif isinstance(obj, list):
-        obj = [o.model_dump(mode="json") if isinstance(o, BaseModel) else o for o in obj]
-    return orjson.dumps(obj)
+        return obj.model_dump(mode="json")
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON bytes of plain data and pydantic models, at any depth.
+
+    orjson calls ``_model_json`` only for types it does not know, so a 5,000-element list of
+    plain dicts costs no per-element Python call.
+    """
+    return orjson.dumps(obj, default=_model_json)

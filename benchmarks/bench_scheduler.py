@@ -1,0 +1,244 @@
+"""Scheduler throughput: pods bound per second by the real kube-scheduler, with and without gpuplace.
+
+On the real control plane (etcd, kube-apiserver, kube-scheduler from ``tests/harness``), for each
+cluster size: N fake GPU nodes (``benchmarks/cluster.py``; ``status.allocatable`` as a device
+plugin would advertise, the inventory in the ``gpuplace.io/inventory`` annotation with a fresh
+``observedAt``), then the same M pods twice, with the same nodes:
+
+1. *without* the extender: a kube-scheduler with the default profile, GPU counts only;
+2. *with* the extender: ``gpuplace-extender`` in cluster mode (watching Nodes and Pods) and a
+   kube-scheduler calling its ``filter`` and ``prioritize`` verbs (``nodeCacheCapable: true``).
+
+The pods are created while no scheduler serves their ``schedulerName``; then the scheduler is
+started and a watch records when each pod is bound. Throughput is (bound pods - 1) / (last binding -
+first binding), so client-side pod creation and scheduler start-up are not measured; as in
+scheduler_perf, the scheduler's client QPS/burst are raised (``--qps``, ``--burst``) so that
+client-side throttling does not cap the rate. Between the runs every pod is deleted, so both
+runs see empty nodes.
+
+    python -m benchmarks.bench_scheduler                    # 500 and 5000 nodes, 1000 pods
+    python -m benchmarks.bench_scheduler --sizes 20 --pods 30   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+from kubernetes import client as k8s
+from kubernetes.watch.watch import iter_resp_lines
+
+from benchmarks.cluster import generate_cluster, generate_pods
+from benchmarks.common import describe_machine, load_average, machine, peak_rss_mib, write_results
+from node_agent.inventory import ANNOTATION
+from tests.harness.controlplane import ControlPlane, ExtenderSpec, SchedulerSpec, create_node
+from tests.harness.gpucluster import node_allocatable, start_extender
+
+PLAIN = "bench-plain-scheduler"
+GPUPLACE = "gpuplace-scheduler"
+
+
+def create_nodes(cp: ControlPlane, docs: list[dict[str, Any]], workers: int) -> float:
+    """Create the Nodes with their inventory annotation; returns seconds taken."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api = cp.api_client()
+
+    def one(doc: dict[str, Any]) -> None:
+        doc = {**doc, "observedAt": now}
+        create_node(api, doc["nodeName"], node_allocatable(doc), labels={"gpuplace.io/fake-node": "true"},
+                    annotations={ANNOTATION: json.dumps(doc, separators=(",", ":"))})
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, docs))
+    return time.perf_counter() - t0
+
+
+def create_pods(cp: ControlPlane, pods: list[dict[str, Any]], namespace: str, scheduler: str, workers: int) -> None:
+    api = cp.api_client()
+    core = k8s.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+
+    def one(p: dict[str, Any]) -> None:
+        body = {**p, "metadata": {**p["metadata"], "namespace": namespace}, "spec": {**p["spec"], "schedulerName": scheduler}}
+        body["metadata"].pop("uid", None)
+        core.create_namespaced_pod(namespace, body)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, pods))
+
+
+class BindingWatch:
+    """Records, from a watch on the namespace's pods, when each pod was first seen bound.
+
+    Started before the scheduler, so every binding arrives as a watch event; the times are this
+    process's clock when the event arrived (loopback: a millisecond or so after the binding).
+    """
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.core = k8s.CoreV1Api(cp.api_client())
+        self.namespace = namespace
+        self.bound_at: dict[str, float] = {}
+        listed = orjson.loads(self.core.list_namespaced_pod(namespace, _preload_content=False).data)
+        self._rv = listed["metadata"]["resourceVersion"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch_once()
+            except Exception:  # noqa: BLE001 - the control plane stopping ends the stream; else re-watch
+                if self._stop.is_set():
+                    return
+                time.sleep(0.2)
+
+    def _watch_once(self) -> None:
+        resp = self.core.list_namespaced_pod(self.namespace, watch=True, resource_version=self._rv,
+                                             timeout_seconds=30, _preload_content=False)
+        for line in iter_resp_lines(resp):
+            if self._stop.is_set():
+                break
+            if not line:
+                continue
+            obj = orjson.loads(line).get("object") or {}
+            meta = obj.get("metadata") or {}
+            self._rv = meta.get("resourceVersion", self._rv)
+            if (obj.get("spec") or {}).get("nodeName") and meta.get("name") not in self.bound_at:
+                self.bound_at[meta["name"]] = time.perf_counter()
+        resp.release_conn()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def measure_binding(watch: BindingWatch, total: int, settle: float, timeout: float) -> dict[str, Any]:
+    """Wait until all pods are bound or none was bound for ``settle`` seconds; the rate between first and last."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        times = list(watch.bound_at.values())
+        now = time.perf_counter()
+        if len(times) >= total:
+            break
+        if (times and now - max(times) > settle) or (not times and now - start > settle * 3):
+            break
+        time.sleep(0.2)
+    watch.stop()
+    times = sorted(watch.bound_at.values())
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {"pods": total, "bound": len(times), "span_s": span,
+            "pods_per_s": (len(times) - 1) / span if span > 0 else None,
+            "all_bound_after_start_s": (times[-1] - start) if times else None}
+
+
+def delete_pods(cp: ControlPlane, namespace: str) -> None:
+    core = k8s.CoreV1Api(cp.api_client())
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not orjson.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)["items"]:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"pods in {namespace} not deleted")
+
+
+def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": nodes, "pods": args.pods, "load_average_start": load_average()}
+    cp = ControlPlane(workdir / f"cp-{nodes}", scheduler_configs=[])
+    with cp:
+        out["node_create_s"] = create_nodes(cp, generate_cluster(nodes), args.workers)
+        pods = generate_pods(args.pods)
+        spec_kw = {"qps": args.qps, "burst": args.burst}
+
+        create_pods(cp, pods, "bench-plain", PLAIN, args.workers)
+        watch = BindingWatch(cp, "bench-plain")
+        cp.add_scheduler(SchedulerSpec(name=PLAIN, **spec_kw))
+        out["without_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+        cp.stop_scheduler(PLAIN)
+        delete_pods(cp, "bench-plain")
+
+        extender = start_extender(cp.kubeconfig_path, cp.logs, wait_ready=300)
+        try:
+            create_pods(cp, pods, "bench-gpuplace", GPUPLACE, args.workers)
+            profiler = _start_profiler(args.profile, extender.proc.pid, nodes, args.profile_format)
+            watch = BindingWatch(cp, "bench-gpuplace")
+            cp.add_scheduler(SchedulerSpec(name=GPUPLACE, extender=ExtenderSpec(url_prefix=extender.url), **spec_kw))
+            out["with_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+            out["extender_peak_rss_mib"] = peak_rss_mib(extender.proc.pid)
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(timeout=60)
+                print(f"  py-spy profile of the extender ({args.profile_format}) in {args.profile}")
+            cp.stop_scheduler(GPUPLACE)
+        finally:
+            extender.stop()
+    a, b = out["without_extender"]["pods_per_s"], out["with_extender"]["pods_per_s"]
+    out["ratio"] = (b / a) if a and b else None
+    out["load_average_end"] = load_average()
+    w, e = out["without_extender"], out["with_extender"]
+    print(f"  {nodes:>6} nodes {args.pods} pods: without extender {_rate(a)} ({w['bound']} bound), "
+          f"with gpuplace {_rate(b)} ({e['bound']} bound), "
+          f"ratio {out['ratio'] * 100 if out['ratio'] else float('nan'):.0f}%  "
+          f"(nodes created in {out['node_create_s']:.0f} s; extender peak RSS {out['extender_peak_rss_mib']:.0f} MiB; "
+          f"load {out['load_average_start']} -> {out['load_average_end']})", flush=True)
+    return out
+
+
+def _start_profiler(directory: Path | None, pid: int, nodes: int, fmt: str = "flamegraph") -> subprocess.Popen[bytes] | None:
+    """``py-spy record`` on the extender while the scheduler runs (``--profile DIR``; bench extra)."""
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("--profile needs py-spy: pip install -e '.[bench]'")
+    suffix = "svg" if fmt == "flamegraph" else "txt"
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "200", "--format", fmt, "--output",
+                             str(directory / f"extender-{nodes}.{suffix}")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _rate(v: float | None) -> str:
+    return f"{v:7.1f} pods/s" if v else "    n/a"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="500,5000", help="comma list of node counts (default 500,5000)")
+    p.add_argument("--pods", type=int, default=1000, help="GPU pods per run (default 1000)")
+    p.add_argument("--qps", type=float, default=5000, help="kube-scheduler client QPS (default 5000)")
+    p.add_argument("--burst", type=int, default=5000, help="kube-scheduler client burst (default 5000)")
+    p.add_argument("--workers", type=int, default=8, help="client threads creating nodes and pods (default 8)")
+    p.add_argument("--settle", type=float, default=10, help="stop waiting after this many seconds without a binding")
+    p.add_argument("--timeout", type=float, default=300, help="longest wait for one run, seconds")
+    p.add_argument("--out", type=Path, help="JSON results file (default benchmarks/results/scheduler.json)")
+    p.add_argument("--profile", type=Path, metavar="DIR", help="record a py-spy profile of the extender into DIR")
+    p.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph",
+                   help="py-spy output: an SVG flame graph or collapsed stacks as text (default flamegraph)")
+    args = p.parse_args(argv)
+    m = machine()
+    print("== scheduler throughput (real kube-scheduler, with and without gpuplace-extender) ==")
+    print(describe_machine(m), flush=True)
+    results: dict[str, Any] = {"benchmark": "scheduler", "machine": m, "qps": args.qps, "burst": args.burst, "sizes": []}
+    with tempfile.TemporaryDirectory(prefix="gpuplace-bench-sched-") as tmp:
+        for size in [int(s) for s in args.sizes.split(",") if s]:
+            results["sizes"].append(bench_size(size, args, Path(tmp)))
+    path = write_results("scheduler", results, args.out)
+    print(f"results: {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

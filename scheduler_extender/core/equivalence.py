@@ -1,0 +1,180 @@
+"""Equivalence classes of nodes: nodes the filter and the score cannot tell apart for any pod.
+
+A large GPU cluster is made of few kinds of node (8x H100 over NVSwitch, 8x RTX 4090, an A100
+partitioned into 3g.40gb slices, ...) in many copies. ``filter_node`` and ``score_nodes`` read a
+node only through its ``NodeState``: the units of the requested resource (per-unit properties,
+GPU indices for messages, NVLink peers among those units), the allocation (held UUIDs,
+anonymous counts) and the state's other fields. Two states with equal ``state_key`` give the same
+verdict, the same reasons and the same score for every job and policy; only the node name and
+the identities (UUIDs) of the chosen units differ. The engine decides once per class and copies
+the decision to every node of the class (kube-scheduler's "equivalence cache", per request).
+
+Two ways of being equal, per resource:
+
+- *symmetric* resources, whose units are identical except for UUID and GPU index and whose NVLink
+  topology is all-to-all (NVSwitch) or absent: every criterion is per unit and reads neither UUID
+  nor index, so either every unit is eligible or none is; which of them are held changes only
+  how many are free. The key holds the number of held units, not which.
+- resources whose units are identical but whose NVLink topology is neither (RTX A6000 bridged in
+  pairs): the key holds the held positions up to the topology's automorphisms (relabelings of
+  the units that keep every NVLink). Free counts, NVLink groups among free units and the
+  properties of the chosen units are the same for two held sets that one relabeling maps onto
+  each other; messages name GPU indices only for per-unit criteria, which do not depend on
+  what is held.
+- any other resource: the key holds every unit's properties and position, the NVLink peers as
+  positions, and exactly which positions are held.
+
+A field added to ``NodeState`` is part of every key automatically; a criterion that reads a new
+``Unit`` attribute must add it to ``_unit_properties`` (the equivalence tests compare every
+node's grouped decision with the direct one and fail otherwise). An unhashable value makes the
+node its own class: never a wrong merge, only a missed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Collection, Hashable
+
+from scheduler_extender.core.devices import NodeState, NodeView, Unit
+
+_VIEW_SIGNATURE = "_gpuplace_signature"
+_STATE_KEY = "_gpuplace_equivalence_keys"
+_OTHER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeState) if f.name not in ("name", "view", "allocation"))
+
+
+def _unit_properties(u: Unit) -> tuple[Hashable, ...]:
+    """Everything criteria and score components read from a unit, except UUIDs and GPU index."""
+    return (u.kind, u.vendor, u.name, id(u.entry) if u.entry is not None else None, u.mig_profile, u.memory_bytes,
+            u.healthy, u.health_reason, u.ecc_enabled, u.compute_capability, bool(u.nvlink_peers), u.cost_fraction,
+            u.memory_bandwidth_gbps, u.bf16_tflops)
+
+
+MAX_AUTOMORPHISM_UNITS = 8
+"""Topologies of more units are keyed exactly: their automorphisms are not enumerated."""
+
+_AUTOMORPHISMS: dict[tuple[frozenset[int], ...], tuple[tuple[int, ...], ...]] = {}
+
+
+def _automorphisms(adjacency: tuple[frozenset[int], ...]) -> tuple[tuple[int, ...], ...]:
+    """Every permutation p of the units with j in adjacency[i] <=> p[j] in adjacency[p[i]]."""
+    found = _AUTOMORPHISMS.get(adjacency)
+    if found is not None:
+        return found
+    n = len(adjacency)
+    out: list[tuple[int, ...]] = []
+
+    def extend(image: list[int]) -> None:
+        i = len(image)
+        if i == n:
+            out.append(tuple(image))
+            return
+        for cand in range(n):
+            if cand in image or len(adjacency[cand]) != len(adjacency[i]):
+                continue
+            if all((j in adjacency[i]) == (image[j] in adjacency[cand]) for j in range(i)):
+                extend(image + [cand])
+
+    extend([])
+    _AUTOMORPHISMS[adjacency] = found = tuple(out)
+    return found
+
+
+def _resource_signature(resource: str, units: tuple[Unit, ...]) -> tuple[Hashable, ...]:
+    props = [_unit_properties(u) for u in units]
+    uuids = [u.uuid for u in units]
+    all_to_all = all(set(uuids) - {u.uuid} <= u.nvlink_peers for u in units)
+    no_links = not any(u.nvlink_peers for u in units)
+    indices = tuple(u.gpu_index for u in units)
+    identical = all(p == props[0] for p in props)
+    if identical and (all_to_all or no_links):
+        return ("symmetric", resource, props[0] if props else None, indices)
+    position = {uuid: i for i, uuid in enumerate(uuids)}
+    # Links either way count: find_nvlink_group accepts a peer listed by either unit.
+    adjacency = tuple(frozenset(j for j, v in enumerate(units) if j != i and (v.uuid in u.nvlink_peers or u.uuid in v.nvlink_peers))
+                      for i, u in enumerate(units))
+    if identical and len(units) <= MAX_AUTOMORPHISM_UNITS:
+        return ("topology", resource, props[0], indices,
+                tuple(frozenset(position[q] for q in u.nvlink_peers if q in position) for u in units), adjacency)
+    return ("exact", resource, tuple(
+        (p, u.gpu_index, frozenset(position[q] for q in u.nvlink_peers if q in position))
+        for p, u in zip(props, units)))
+
+
+def view_signature(view: NodeView) -> tuple[Hashable, ...]:
+    """The view's structure without names and UUIDs; computed once per view (views are immutable)."""
+    sig = view.__dict__.get(_VIEW_SIGNATURE)
+    if sig is None:
+        sig = (view.description, tuple(_resource_signature(r, us) for r, us in view.units_by_resource.items()))
+        view.__dict__[_VIEW_SIGNATURE] = sig  # frozen dataclass: cache beside the fields, as cached_property does
+    return sig
+
+
+def _held_signature(view: NodeView, resource: str, held: Collection[str]) -> Hashable:
+    """Which units of ``resource`` are held, as far as the filter and score can tell (module docstring)."""
+    units = view.units_by_resource[resource]
+    sig = view_signature(view)[1][list(view.units_by_resource).index(resource)]
+    kind = sig[0]
+    if kind == "symmetric":
+        return sum(1 for u in units if u.uuid in held)
+    positions = [i for i, u in enumerate(units) if u.uuid in held]
+    if kind == "topology":
+        return min(tuple(sorted(p[i] for i in positions)) for p in _automorphisms(sig[-1]))
+    return tuple(positions)
+
+
+_INTERNED: dict[Hashable, int] = {}
+_MAX_INTERNED = 200_000
+_next_class = itertools.count()
+
+
+def _intern(key: Hashable) -> int:
+    # A small int hashes in no time; the nested key tuple would be rehashed at every lookup.
+    number = _INTERNED.get(key)
+    if number is None:
+        if len(_INTERNED) >= _MAX_INTERNED:
+            _INTERNED.clear()  # numbers keep counting up: a cleared key gets a new number, never an old one
+        number = _INTERNED[key] = next(_next_class)
+    return number
+
+
+def state_key(state: NodeState, resource: str | None) -> int:
+    """A number equal for states the filter and score treat alike for pods asking for ``resource``.
+
+    A node without units of ``resource`` fails on that whatever it holds, so its key leaves the
+    allocation out. Computed once per ``NodeState`` and resource (states are immutable and
+    rebuilt on every change).
+    """
+    keys = state.__dict__.get(_STATE_KEY)
+    if keys is None:
+        keys = state.__dict__[_STATE_KEY] = {}  # frozen dataclass: cache beside the fields, as cached_property does
+    else:
+        number = keys.get(resource)
+        if number is not None:
+            return number
+    others = tuple(getattr(state, f) for f in _OTHER_STATE_FIELDS)
+    view = state.view
+    key: Hashable
+    if view is None:
+        key = ("no-view", others)
+    elif resource is None or resource not in view.units_by_resource:
+        key = (view_signature(view), "absent", others)
+    else:
+        alloc = state.allocation
+        key = (view_signature(view), resource, _held_signature(view, resource, alloc.held.keys()),
+               alloc.held_count(), alloc.anonymous.get(resource, 0), others)
+    try:
+        number = _intern(key)
+    except TypeError:  # an unhashable field: this state is a class of its own
+        number = next(_next_class)
+    keys[resource] = number
+    return number
+
+
+def state_keys(states: list[NodeState], resource: str | None) -> list[int]:
+    """``state_key`` of every state; the keys computed before are read without a function call each."""
+    attr = _STATE_KEY
+    cached = [(s.__dict__.get(attr) or {}).get(resource) for s in states]
+    if None in cached:
+        cached = [k if k is not None else state_key(s, resource) for s, k in zip(states, cached)]
+    return cached  # type: ignore[return-value]

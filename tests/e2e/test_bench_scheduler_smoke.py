@@ -1,0 +1,18 @@
+"""The scheduler-throughput benchmark runs on the real control plane (smoke: tiny sizes, no timing
+asserted; ``make bench`` reports the numbers)."""
+
+import json
+
+import pytest
+
+from benchmarks import bench_scheduler
+
+pytestmark = pytest.mark.e2e
+
+
+def test_scheduler_benchmark_binds_pods_with_and_without_the_extender(control_plane, tmp_path):
+    out = tmp_path / "scheduler.json"
+    bench_scheduler.main(["--sizes", "20", "--pods", "12", "--settle", "5", "--out", str(out)])
+    size = json.loads(out.read_text())["sizes"][0]
+    assert size["without_extender"]["bound"] == 12
+    assert size["with_extender"]["bound"] >= 10

@@ -1,0 +1,61 @@
+"""The benchmarks' generated clusters are valid and realistic, and the benchmarks run (smoke: tiny
+sizes, no timing asserted — speed is reported by ``make bench``, never asserted)."""
+
+import json
+from collections import Counter
+
+from benchmarks import bench_cache, bench_extender
+from benchmarks.cluster import NODE_MIX, generate_cluster, generate_pods
+from node_agent.inventory import parse_inventory
+from scheduler_extender.core.engine import Engine
+
+
+def test_generated_nodes_are_valid_inventories_in_the_announced_mix():
+    docs = generate_cluster(400)
+    invs = [parse_inventory(d) for d in docs]
+    assert all(len(i.gpus) == 8 for i in invs)
+    assert len({i.node_name for i in invs}) == 400
+    names = Counter(i.gpus[0].name for i in invs)
+    assert names["NVIDIA GeForce RTX 4090"] == round(400 * dict(NODE_MIX)["rtx-4090"])
+    assert Counter(i.mig_strategy for i in invs) == {"none": 340, "single": 40, "mixed": 20}
+    units = [u for i in invs for g in i.gpus for u in ([g] if not g.mig_enabled else g.mig_devices)]
+    held = sum(1 for u in units if u.allocated_to) / len(units)
+    assert 0.2 < held < 0.4
+
+
+def test_generated_clusters_and_pods_are_deterministic():
+    assert generate_cluster(30) == generate_cluster(30)
+    assert generate_pods(40) == generate_pods(40)
+    assert len({p["metadata"]["name"] for p in generate_pods(40)}) == 40
+
+
+def test_the_pod_mix_places_most_pods_somewhere_in_a_generated_cluster():
+    from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view
+    from scheduler_extender.core.catalog import default_catalog
+    states = []
+    for d in generate_cluster(200):
+        v = build_node_view(parse_inventory(d), default_catalog())
+        states.append(NodeState(v.name, v, allocation_from_inventory(v)))
+    engine = Engine()
+    placed = sum(any(r.passed for r in engine.filter(engine.job(p), states, None)) for p in generate_pods(60))
+    assert placed >= 55
+
+
+def test_extender_benchmark_runs_both_modes_and_verbs_against_both_servers(tmp_path):
+    out = tmp_path / "extender.json"
+    bench_extender.main(["--sizes", "20", "--requests", "4", "--concurrency", "2", "--out", str(out)])
+    data = json.loads(out.read_text())
+    cells = data["sizes"][0]["cells"]
+    assert {(c["nodeCacheCapable"], c["verb"]) for c in cells} == {
+        (True, "filter"), (True, "prioritize"), (False, "filter"), (False, "prioritize")}
+    assert all(c["gpuplace"]["requests"] == 4 and c["floor"]["requests"] == 4 for c in cells)
+    assert data["sizes"][0]["extender_peak_rss_mib"] > 0
+    assert data["machine"]["cpus"] >= 1 and data["machine"]["load_average_at_start"]
+
+
+def test_cache_benchmark_runs_and_measures_memory_in_a_fresh_process(tmp_path):
+    out = tmp_path / "cache.json"
+    bench_cache.main(["--nodes", "30", "--pods", "100", "--memory-sizes", "30", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["events"]["nodes"] == 30 and data["events"]["pod_added_events_per_s"] > 0
+    assert data["memory"][0]["nodes"] == 30 and data["memory"][0]["process_rss_mib"] > 0

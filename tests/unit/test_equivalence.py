@@ -1,0 +1,175 @@
+"""The grouped filter (one ``filter_node`` per equivalence class) decides every node exactly as the
+direct filter does: same verdict, reasons, resolvability, chosen-unit properties and score."""
+
+import dataclasses
+import datetime as dt
+import random
+
+import pytest
+import yaml
+
+from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
+from node_agent.inventory import parse_inventory
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.equivalence import _unit_properties, state_key
+from scheduler_extender.core.policy import default_policy, parse_policy
+from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod, with_nvlink_clique
+
+CAT = default_catalog()
+
+
+def state_of(doc, allocation=None):
+    view = build_node_view(parse_inventory(doc), CAT)
+    return NodeState(view.name, view, allocation if allocation is not None else allocation_from_inventory(view))
+
+
+def cluster_states():
+    """A generated cluster, the example cluster, and nodes that break symmetry on purpose."""
+    states = [state_of(d) for d in generate_cluster(300, seed=7, allocated_share=0.4)]
+    states += [state_of(example_inventory(p.stem)) for p in sorted((EXAMPLES / "cluster").glob("*.json"))]
+    rng = random.Random(3)
+    a6000 = dict(name="NVIDIA RTX A6000", memory_mib=49140, eccEnabled=True, computeCapability="8.6")
+    for i in range(12):
+        gs = [gpu(k, **a6000) for k in range(8)]
+        for k, g in enumerate(gs):  # NVLink bridges join pairs
+            g["nvlinks"] = [{"peerUuid": gs[k ^ 1]["uuid"], "links": 4}]
+        if i % 3 == 0:
+            gs[5]["healthy"] = False
+            gs[5]["healthReasons"] = ["XID 79"]
+        held = {gs[k]["uuid"]: f"t/p{k}" for k in rng.sample(range(8), rng.randrange(6))}
+        view = build_node_view(parse_inventory(inventory(f"pairs-{i}", gs)), CAT)
+        anonymous = {"nvidia.com/gpu": 1} if i % 4 == 1 else {}
+        states.append(NodeState(view.name, view, NodeAllocation(held=held, anonymous=anonymous)))
+    mixed = [gpu(k, name="NVIDIA A100-SXM4-80GB", memory_mib=81920) for k in range(4)]
+    mixed += [gpu(k, name="NVIDIA H100 80GB HBM3", memory_mib=81559) for k in range(4, 8)]
+    states.append(state_of(inventory("mixed-models", with_nvlink_clique(mixed))))
+    states.append(NodeState("no-inventory", None))
+    states.append(NodeState("bad-inventory", None, inventory_error="gpus.0.memoryMiB: field required"))
+    return states
+
+
+def pods():
+    out = [bench_pod(i, a, r, n) for i, (a, r, n, _) in enumerate(POD_MIX)]
+    out += [yaml.safe_load(p.read_text()) for p in sorted((EXAMPLES / "pods").glob("*.yaml"))]
+    out += [
+        pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "training", "gpuplace.io/prefer": "nvlink,ecc"},
+            gpus=2),
+        pod({"gpuplace.io/model-params": "3B", "gpuplace.io/require": "mig"}),
+        pod({"gpuplace.io/require": "nvlink"}, gpus=2),
+        pod({"gpuplace.io/model-params": "13 billion"}),
+        pod({"gpuplace.io/prefer": "full-gpu"}, gpus=3),
+        pod(None, gpus=None),
+    ]
+    for p in out:  # YAML reads GPU counts as ints; the scheduler sends strings
+        for c in p["spec"]["containers"]:
+            lim = c.get("resources", {}).get("limits", {})
+            c["resources"]["limits"] = {k: str(v) for k, v in lim.items()}
+    return out
+
+
+def assert_same_decisions(engine, states, now=None):
+    for p in pods():
+        job = engine.job(p)
+        direct = engine.filter(job, states, now)
+        grouped = engine.filter_grouped(job, states, now)
+        assert len(grouped.group_of) == len(states)
+        for i, d in enumerate(direct):
+            g = grouped.results[grouped.group_of[i]]
+            where = f"pod {p['metadata']['name']} on {d.node} (class of {g.node})"
+            assert (g.passed, g.reason, g.unresolvable, g.untouched) == (d.passed, d.reason, d.unresolvable, d.untouched), where
+            assert sorted(map(_unit_properties, g.chosen)) == sorted(map(_unit_properties, d.chosen)), where
+        direct_scores = engine.score(job, states, direct)
+        class_scores = engine.score_grouped(job, grouped)
+        for i, s in enumerate(states):
+            d = direct_scores.get(s.name)
+            g = class_scores[grouped.group_of[i]]
+            assert (d is None) == (g is None), s.name
+            if d is not None:
+                assert (g.score, dict(g.components), g.cost_per_hour) == (d.score, dict(d.components), d.cost_per_hour), (
+                    f"pod {p['metadata']['name']} on {s.name}")
+
+
+def test_grouped_filter_and_score_equal_the_direct_ones_on_every_node():
+    assert_same_decisions(Engine(), cluster_states())
+
+
+def test_a_generated_cluster_collapses_into_few_classes():
+    states = [state_of(d) for d in generate_cluster(1000)]
+    job = Engine().job(pod({"gpuplace.io/model-params": "7B"}))
+    grouped = Engine().filter_grouped(job, states, None)
+    assert len(grouped.results) < len(states) / 5
+
+
+def test_after_a_node_state_changes_its_new_state_is_decided_anew():
+    engine = Engine()
+    states = cluster_states()
+    h100 = next(i for i, s in enumerate(states) if s.view and s.view.description == "8x NVIDIA H100 80GB HBM3")
+    states[h100] = dataclasses.replace(states[h100], allocation=NodeAllocation())
+    p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "training", "gpuplace.io/sharding": "zero3",
+             "gpuplace.io/precision": "bf16", "gpuplace.io/require": "nvlink"}, gpus=4)
+    job = engine.job(p)
+    before = engine.filter_grouped(job, states, None)
+    assert before.results[before.group_of[h100]].passed
+    old = states[h100]
+    held = {u.uuid: "ns/other" for u in old.view.units("nvidia.com/gpu")[:6]}
+    states[h100] = dataclasses.replace(old, allocation=NodeAllocation(held=held))
+    after = engine.filter_grouped(job, states, None)
+    result = after.results[after.group_of[h100]]
+    assert not result.passed and "2 of 8 eligible GPUs free" in result.reason
+    assert state_key(states[h100], "nvidia.com/gpu") != state_key(old, "nvidia.com/gpu")
+    assert_same_decisions(engine, states)
+
+
+def test_after_a_policy_swap_the_new_engine_decides_by_the_new_policy():
+    states = cluster_states()
+    p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"})
+    old = Engine()
+    raw = default_policy().model_dump(by_alias=True, mode="json")
+    for cls in raw["classes"]:
+        cls["deniedModels"] = [*cls.get("deniedModels", []), "rtx-4090"]
+    new = Engine(parse_policy(raw))
+    def passing(engine):
+        g = engine.filter_grouped(engine.job(p), states, None)
+        return {s.name for s, k in zip(states, g.group_of) if g.results[k].passed}
+    assert any("4090" in n.view.description for n in states if n.name in passing(old) and n.view)
+    assert not any("4090" in n.view.description for n in states if n.name in passing(new) and n.view)
+    assert_same_decisions(new, states)
+
+
+def test_stale_inventories_are_decided_per_node_with_their_own_age():
+    docs = generate_cluster(40)
+    for i, d in enumerate(docs):
+        d["observedAt"] = f"2026-11-21T08:{i:02d}:00Z"
+    states = [state_of(d) for d in docs]
+    now = dt.datetime(2026, 11, 21, 8, 30, tzinfo=dt.timezone.utc)
+    engine = Engine()
+    assert_same_decisions(engine, states, now)
+    g = engine.filter_grouped(engine.job(pod({"gpuplace.io/vram": "1Gi"})), states, now)
+    stale = [g.results[k].reason for k in g.group_of if "stale" in (g.results[k].reason or "")]
+    assert len(set(stale)) == len(stale) > 1
+
+
+@pytest.mark.parametrize("field", ["healthy", "ecc"])
+def test_nodes_that_differ_in_one_unit_property_are_not_merged(field):
+    base = [gpu(k, name="NVIDIA L4", memory_mib=23034, eccEnabled=True, computeCapability="8.9") for k in range(8)]
+    other = [dict(g) for g in base]
+    other[3] = {**other[3], **({"healthy": False} if field == "healthy" else {"eccEnabled": False})}
+    a, b = state_of(inventory("a", base)), state_of(inventory("b", other))
+    assert state_key(a, "nvidia.com/gpu") != state_key(b, "nvidia.com/gpu")
+
+
+def test_a_stale_node_asked_again_later_reports_its_new_age():
+    docs = generate_cluster(10)
+    for d in docs:
+        d["observedAt"] = "2026-11-21T08:00:00Z"
+    states = [state_of(d) for d in docs]
+    engine = Engine()
+    job = engine.job(pod({"gpuplace.io/vram": "1Gi"}))
+    now = dt.datetime(2026, 11, 21, 9, 0, tzinfo=dt.timezone.utc)
+    for later in (now, now + dt.timedelta(seconds=60)):
+        grouped = engine.filter_grouped(job, states, later)
+        direct = engine.filter(job, states, later)
+        assert [grouped.results[g].reason for g in grouped.group_of] == [d.reason for d in direct]
+    assert "observed 3660 s ago" in direct[0].reason

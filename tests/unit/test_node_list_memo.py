@@ -1,0 +1,160 @@
+"""What the extender remembers between requests (the last NodeNames list, each pod's class verdicts)
+never outlives a change: after a binding, a deletion, an inventory change, a relist or a policy
+swap the answer is the one a freshly started extender gives."""
+
+import datetime as dt
+import json
+
+import pytest
+
+from scheduler_extender.cache import CHANGE_LOG_SIZE, ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine, frozen_value
+from scheduler_extender.core.policy import default_policy, parse_policy
+from scheduler_extender.server import ExtenderService
+from scheduler_extender.sources import ClusterSource
+from scheduler_extender.wire import parse_extender_args
+from tests.factories import EXAMPLES, example_inventory, pod
+
+CAT = default_catalog()
+NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
+
+
+def node_obj(name, inv):
+    inv = {**inv, "observedAt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}  # fresh: cluster mode checks age
+    return {"metadata": {"name": name, "annotations": {"gpuplace.io/inventory": json.dumps(inv)}}}
+
+
+def bound(name, node, gpus, phase="Running", ns="default"):
+    p = pod(name=name, namespace=ns, gpus=gpus)
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": phase}
+    return p
+
+
+def cluster():
+    cache = ClusterCache(CAT)
+    cache.replace_nodes([node_obj(n, example_inventory(n)) for n in NODES])
+    cache.replace_pods([])
+    return cache
+
+
+def ask(service, verb, p, names=NODES):
+    return getattr(service, verb)(parse_extender_args(json.dumps({"Pod": p, "NodeNames": names}).encode()))
+
+
+def fresh_answer(cache, verb, p, engine=None, names=NODES):
+    return ask(ExtenderService(engine or Engine(), ClusterSource(cache, CAT)), verb, p, names)
+
+
+EIGHT_GPU = {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "training", "gpuplace.io/sharding": "fsdp"}
+
+
+def test_a_binding_between_two_requests_is_seen_by_the_second():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod(EIGHT_GPU, gpus=8, name="train")
+    assert ask(service, "filter", p)["NodeNames"] == ["gpu-a100-80g-0"]
+    cache.apply_pod_event("ADDED", bound("other", "gpu-a100-80g-0", 1))
+    second = ask(service, "filter", pod(EIGHT_GPU, gpus=8, name="train-2"))
+    assert second["NodeNames"] == []
+    assert "7 of 8 eligible GPUs free" in second["FailedNodes"]["gpu-a100-80g-0"]
+    assert second == fresh_answer(cache, "filter", pod(EIGHT_GPU, gpus=8, name="train-2"))
+
+
+def test_the_same_pod_asked_again_after_a_binding_gets_the_new_answer():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod(EIGHT_GPU, gpus=8, name="train")
+    first = ask(service, "filter", p)
+    cache.apply_pod_event("ADDED", bound("other", "gpu-a100-80g-0", 2))
+    again = ask(service, "filter", p)
+    assert first["NodeNames"] == ["gpu-a100-80g-0"] and again["NodeNames"] == []
+    cache.apply_pod_event("DELETED", bound("other", "gpu-a100-80g-0", 2))
+    assert ask(service, "filter", p) == first
+    assert ask(service, "prioritize", p) == fresh_answer(cache, "prioritize", p)
+
+
+def test_an_inventory_change_and_a_relist_are_seen():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/require": "nvlink"}, gpus=4, name="nv")
+    assert "gpu-h100-0" in ask(service, "filter", p)["NodeNames"]
+    inv = example_inventory("gpu-h100-0")
+    for g in inv["gpus"]:
+        g["nvlinks"] = []
+    cache.apply_node_event("MODIFIED", node_obj("gpu-h100-0", inv))
+    assert "gpu-h100-0" not in ask(service, "filter", p)["NodeNames"]
+    cache.replace_pods([bound(f"h{i}", "gpu-a100-80g-0", 1) for i in range(3)])  # a relist: every state anew
+    q = pod(EIGHT_GPU, gpus=8, name="train")
+    assert ask(service, "filter", q) == fresh_answer(cache, "filter", q)
+
+
+def test_a_policy_swap_is_seen_by_the_next_request_of_the_same_pod():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}, name="lora")
+    assert {"gpu-4090-0", "gpu-4090-1"} <= set(ask(service, "filter", p)["NodeNames"])
+    raw = default_policy().model_dump(by_alias=True, mode="json")
+    for cls in raw["classes"]:
+        cls["deniedModels"] = [*cls.get("deniedModels", []), "rtx-4090"]
+    service.engine = new = Engine(parse_policy(raw))
+    after = ask(service, "filter", p)
+    assert not {"gpu-4090-0", "gpu-4090-1"} & set(after["NodeNames"])
+    assert after == fresh_answer(cache, "filter", p, new)
+
+
+def test_a_different_node_list_and_a_list_with_a_name_twice_are_answered_in_full():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/vram": "20Gi"}, name="small")
+    ask(service, "filter", p)
+    subset = NODES[:3]
+    assert ask(service, "prioritize", p, subset) == fresh_answer(cache, "prioritize", p, names=subset)
+    twice = NODES + NODES[:1]
+    got = ask(service, "prioritize", p, twice)
+    assert [h["Host"] for h in got] == twice
+    assert got == fresh_answer(cache, "prioritize", p, names=twice)
+
+
+def test_the_change_log_names_changed_nodes_and_gives_up_when_it_cannot():
+    cache = cluster()
+    start = cache.generation
+    assert cache.changes_since(start) == (start, set())
+    cache.apply_pod_event("ADDED", bound("a", "gpu-4090-0", 1))
+    cache.apply_pod_event("ADDED", bound("b", "gpu-h100-0", 1))
+    generation, changed = cache.changes_since(start)
+    assert changed == {"gpu-4090-0", "gpu-h100-0"} and generation == cache.generation
+    cache.replace_pods([])
+    assert cache.changes_since(generation) is None
+    after_relist = cache.generation
+    for i in range(CHANGE_LOG_SIZE + 1):
+        cache.apply_pod_event("ADDED" if i % 2 == 0 else "DELETED", bound("c", "gpu-4090-1", 1))
+    assert cache.changes_since(after_relist) is None
+
+
+@pytest.mark.parametrize("field,value", [("namespace", "other"), ("name", "other")])
+def test_jobs_differing_in_any_field_have_different_memo_keys(field, value):
+    engine = Engine()
+    a = engine.job(pod({"gpuplace.io/model-params": "7B"}))
+    b = engine.job(pod({"gpuplace.io/model-params": "7B"}, **{field: value}))
+    assert frozen_value(a) != frozen_value(b)
+    assert frozen_value(a) == frozen_value(engine.job(pod({"gpuplace.io/model-params": "7B"})))
+
+
+def test_a_rotated_node_list_is_answered_in_its_own_order_and_sees_changes():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/vram": "20Gi"}, name="small")
+    ask(service, "prioritize", p)
+    rotated = NODES[3:] + NODES[:3]
+    got = ask(service, "prioritize", p, rotated)
+    assert [h["Host"] for h in got] == rotated
+    assert got == fresh_answer(cache, "prioritize", p, names=rotated)
+    cache.apply_pod_event("ADDED", bound("x", "gpu-a6000-0", 2))
+    q = pod(EIGHT_GPU, gpus=8, name="train")
+    cache.apply_pod_event("ADDED", bound("y", "gpu-a100-80g-0", 1))
+    assert ask(service, "filter", q, rotated) == fresh_answer(cache, "filter", q, names=rotated)
+    assert ask(service, "filter", p, rotated)["NodeNames"] == fresh_answer(cache, "filter", p, names=rotated)["NodeNames"]
+    shuffled = [NODES[3]] + NODES[:3] + NODES[4:]  # same length and names, not a rotation
+    assert ask(service, "prioritize", p, shuffled) == fresh_answer(cache, "prioritize", p, names=shuffled)
