@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         for body in bodies:
             args_ = parse_extender_args(body)
-            dumps(service.filter(args_))
-            dumps(service.prioritize(args_))
+            service.filter_response(args_)
+            service.prioritize_response(args_)
         return (time.perf_counter() - t) / len(bodies)
 
     run("warm-up")  # per-state equivalence keys are computed on first use

@@ -15,9 +15,9 @@ import gc
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Hashable
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.engine import Engine, GroupedResults
+from scheduler_extender.core.engine import Engine, GroupedResults, NodeGroups, group_nodes
 from scheduler_extender.core.equivalence import state_key, state_keys
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
@@ -37,6 +37,9 @@ from scheduler_extender.sources import StateSource
 from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extender_args
 
 log = logging.getLogger(__name__)
+
+MAX_ANSWERS = 64
+"""Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
 
 MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
@@ -52,6 +55,7 @@ class _NodeListMemo:
     states: list[NodeState]
     index: dict[str, int]
     keys: dict[str | None, list[int]] = field(default_factory=dict)
+    groups: dict[tuple[str | None, int], NodeGroups] = field(default_factory=dict)  # (resource, rotation)
 
 
 def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
@@ -77,6 +81,8 @@ class ExtenderService:
         self.metrics = metrics or ExtenderMetrics()
         self._node_list: _NodeListMemo | None = None
         self._node_list_lock = threading.Lock()
+        self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._answers_lock = threading.Lock()
 
     def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
         """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
@@ -84,15 +90,16 @@ class ExtenderService:
         names = args.node_names()
         job = engine.job(args.Pod, self.namespace_labels_of(args.Pod))
         if args.Nodes is None:
-            states, keys = self._named_states(names, job.req.resource)
+            states, groups = self._named_states(names, job.req.resource)
         else:
-            states, keys = self.source.states(names, args.Nodes.items), None
-        return job, names, engine.filter_grouped(job, states, self.source.now(), keys)
+            states, groups = self.source.states(names, args.Nodes.items), None
+        return job, names, engine.filter_grouped(job, states, self.source.now(), groups=groups)
 
-    def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], list[int] | None]:
-        """States (and class keys) of ``NodeNames``; only the nodes changed since the last request
-        with the same list (or the same list rotated: kube-scheduler starts each search at the next
-        node) are read again (sources with a change log: ``sources.ChangeLog``)."""
+    def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], NodeGroups | None]:
+        """States (and their classes) of ``NodeNames``; only the nodes changed since the last
+        request with the same list (or the same list rotated: kube-scheduler starts each search at
+        the next node) are read again (sources with a change log: ``sources.ChangeLog``), and the
+        classes are split again only after a change."""
         source = self.source
         changes_since = getattr(source, "changes_since", None)
         if changes_since is None:
@@ -112,6 +119,7 @@ class ExtenderService:
                         memo.states[i] = state = source.states([name], None)[0]
                         for r, keys in memo.keys.items():
                             keys[i] = state_key(state, r)
+                        memo.groups.clear()
             else:
                 memo = None
             if memo is None:
@@ -129,9 +137,11 @@ class ExtenderService:
                     # Keys and view signatures just built for every node live as long as the states:
                     # out of the collector's way, as cache.bulk_load does for the states themselves.
                     gc.freeze()
-            if shift:
-                return memo.states[shift:] + memo.states[:shift], keys[shift:] + keys[:shift]
-            return list(memo.states), list(keys)
+            groups = memo.groups.get((resource, shift))
+            states = memo.states[shift:] + memo.states[:shift] if shift else list(memo.states)
+            if groups is None:
+                groups = memo.groups[(resource, shift)] = group_nodes(states, keys[shift:] + keys[:shift])
+            return states, groups
 
     def namespace_labels_of(self, pod: Any) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
@@ -142,16 +152,38 @@ class ExtenderService:
         namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
         return lookup(str(namespace))
 
+    def _answer(self, verb: str, grouped: GroupedResults, build: Callable[[], Any]) -> bytes:
+        """The JSON body ``build()`` gives, remembered under the results' ``answer_key``: the same
+        pod spec against the same, unchanged node list gets the same body (kube-scheduler sends
+        the whole list for every pod of a burst, and again for every retry of a pending pod)."""
+        if grouped.answer_key is None:
+            return dumps(build())
+        key = (verb, grouped.answer_key)
+        with self._answers_lock:
+            body = self._answers.get(key)
+            if body is not None:
+                self._answers.move_to_end(key)
+                return body
+        body = dumps(build())
+        with self._answers_lock:
+            self._answers[key] = body
+            if len(self._answers) > MAX_ANSWERS:
+                self._answers.popitem(last=False)
+        return body
+
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """The ``ExtenderFilterResult`` for ``args`` (``filter_response``, decoded)."""
+        return orjson.loads(self.filter_response(args))
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """The ``HostPriorityList`` for ``args`` (``prioritize_response``, decoded)."""
+        return orjson.loads(self.prioritize_response(args))
+
+    def filter_response(self, args: ExtenderArgs) -> bytes:
+        """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
         job, names, grouped = self._decide_grouped(args)
-        results, group_of = grouped.results, grouped.group_of
-        # Per class, then one pass over the nodes: the per-node work is a list lookup.
-        passed = [r.passed for r in results]
-        reasons = [None if r.passed else r.reason for r in results]
-        unresolvable_class = [not r.passed and r.unresolvable for r in results]
-        passing = [n for n, g in zip(names, group_of) if passed[g]]
-        failed = {n: reasons[g] for n, g in zip(names, group_of) if not passed[g] and not unresolvable_class[g]}
-        unresolvable = {n: reasons[g] for n, g in zip(names, group_of) if unresolvable_class[g]}
+        results, members = grouped.results, grouped.members
+        passing = sum(len(nodes) for r, nodes in zip(results, members) if r.passed)
         m = self.metrics
         if results and all(r.untouched for r in results):
             m.decisions.labels("not_gpu").inc()
@@ -161,24 +193,36 @@ class ExtenderService:
             m.decisions.labels("schedulable" if passing else "unschedulable").inc()
             if job.vram is not None:
                 m.vram_estimate.observe(job.vram.bytes_per_gpu)
-        class_sizes = Counter(group_of)
         rejected: Counter[str] = Counter()
-        for g, r in enumerate(results):
+        for r, nodes in zip(results, members):
             for rej in r.rejections:
-                rejected[rej.criterion] += class_sizes[g]
+                rejected[rej.criterion] += len(nodes)
             if not r.passed and not r.untouched:
-                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc(class_sizes[g])
+                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc(len(nodes))
         for criterion, count in rejected.items():
             m.rejections.labels(criterion).inc(count)
-        if len(passing) == 1 and not job.errors:
+        if passing == 1 and not job.errors:
             # kube-scheduler skips prioritize when one node is feasible: this is the placement
-            g = group_of[names.index(passing[0])]
-            if not results[g].untouched:
-                self._count_placement(job, results[g])
+            only = next(r for r in results if r.passed)
+            if not only.untouched:
+                self._count_placement(job, only)
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
-                     "; ".join(f"{n}: {reasons[g]}" for n, g in zip(names[:5], group_of))
+                     "; ".join(f"{n}: {results[g].reason}" for n, g in zip(names[:5], grouped.group_of))
                      + (" ..." if len(names) > 5 else ""))
+        return self._answer("filter", grouped, lambda: self._filter_body(args, grouped))
+
+    @staticmethod
+    def _filter_body(args: ExtenderArgs, grouped: GroupedResults) -> dict[str, Any]:
+        # Per class; the per-node work is done by builtins over each class's member list.
+        passing: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for r, nodes in zip(grouped.results, grouped.members):
+            if r.passed:
+                passing.extend(nodes)
+            else:
+                (unresolvable if r.unresolvable else failed).update(dict.fromkeys(nodes, r.reason))
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing
@@ -206,14 +250,16 @@ class ExtenderService:
             q.placed_estimate.labels(job.size_class.name).observe(job.vram.bytes_per_gpu)
             q.vram_fit.labels(job.size_class.name).observe(job.vram.bytes_per_gpu / granted_bytes)
 
-    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+    def prioritize_response(self, args: ExtenderArgs) -> bytes:
+        """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes."""
         job, names, grouped = self._decide_grouped(args)
         scores = self.engine.score_grouped(job, grouped)
         best = max((s for s in scores if s is not None), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
             self._count_placement(job, grouped.results[scores.index(best)])
         by_class = [s.score if s is not None else 0 for s in scores]
-        return [{"Host": n, "Score": by_class[g]} for n, g in zip(names, grouped.group_of)]
+        return self._answer("prioritize", grouped,
+                            lambda: [{"Host": n, "Score": by_class[g]} for n, g in zip(names, grouped.group_of)])
 
 
 def parse_pod_body(body: bytes) -> dict[str, Any]:
@@ -268,7 +314,7 @@ def create_app(service: ExtenderService) -> Starlette:
                     code = 500
                     log.exception("%s failed", name)
                     return _error(500, f"internal error in {name}: {type(e).__name__}: {e}")
-                return Response(dumps(result), media_type="application/json")
+                return Response(result if isinstance(result, bytes) else dumps(result), media_type="application/json")
             finally:
                 m.requests.labels(name, str(code)).inc()
                 m.request_duration.labels(name).observe(time.perf_counter() - start)
@@ -298,8 +344,8 @@ def create_app(service: ExtenderService) -> Starlette:
         return JSONResponse({"Error": f"{request.method} {request.url.path}: use POST"}, status_code=405)
 
     return Starlette(routes=[
-        Route("/filter", verb("filter", service.filter), methods=["POST"]),
-        Route("/prioritize", verb("prioritize", service.prioritize), methods=["POST"]),
+        Route("/filter", verb("filter", service.filter_response), methods=["POST"]),
+        Route("/prioritize", verb("prioritize", service.prioritize_response), methods=["POST"]),
         Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

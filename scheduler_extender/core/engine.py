@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping, Sequence
@@ -49,11 +50,61 @@ class GroupedResults:
             may be a node decided for this job in an earlier request).
         states: the ``NodeState`` that result was decided on, per class.
         group_of: per input node, in input order, the index of its class in ``results``.
+        members: per class, the names of its nodes in input order (callers must not modify).
+        answer_key: equal for two calls with the same engine, the same ``NodeGroups`` object and
+            the same ``decision_job``, whose results are then equal; None when not known (no
+            ``groups`` given, or a node near the staleness limit). Callers may cache what they
+            derive from the results under it.
     """
 
     results: list[NodeResult]
     states: list[NodeState]
     group_of: list[int]
+    members: list[list[str]]
+    answer_key: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """A node list split into equivalence classes for one resource, independent of any pod.
+
+    Built by ``group_nodes`` once per version of a node list; a caller that sees the same list
+    again (kube-scheduler sends it pod after pod) passes it back to ``Engine.filter_grouped``,
+    which then does no per-node work. Nothing here may be modified after it is built.
+
+    Attributes:
+        class_keys: the classes' ``state_key`` numbers, in order of first appearance.
+        representatives: per class, the state of its first node.
+        group_of: per node, in input order, the index of its class.
+        members: per class, the names of its nodes in input order.
+        oldest_observed_at: the oldest inventory ``observedAt`` among the nodes (None: none has
+            an inventory): when it is recent enough, no node can be stale.
+    """
+
+    class_keys: list[int]
+    representatives: list[NodeState]
+    group_of: list[int]
+    members: list[list[str]]
+    oldest_observed_at: dt.datetime | None
+    serial: int = dataclasses.field(default_factory=lambda: next(_SERIALS))
+
+
+_SERIALS = itertools.count()
+"""Serial numbers of ``NodeGroups`` and ``Engine`` objects: unlike ``id()``, never reused."""
+
+
+def group_nodes(states: Sequence[NodeState], keys: Sequence[int]) -> NodeGroups:
+    """``NodeGroups`` of ``states`` whose ``state_keys`` are ``keys`` (same length and order)."""
+    # dict builtins instead of a Python loop per node where possible: first node of each class,
+    # class index per node.
+    first = dict(zip(reversed(keys), reversed(states)))
+    index = {k: g for g, k in enumerate(dict.fromkeys(keys))}
+    group_of = list(map(index.__getitem__, keys))
+    members: list[list[str]] = [[] for _ in index]
+    for s, g in zip(states, group_of):
+        members[g].append(s.name)
+    oldest = min((s.view.inventory.observed_at for s in states if s.view is not None), default=None)
+    return NodeGroups(list(index), [first[k] for k in index], group_of, members, oldest)
 
 
 MEMO_JOBS = 32
@@ -78,11 +129,35 @@ def frozen_value(value: Any) -> Hashable:
     return value
 
 
+def decision_job(job: Job) -> Job:
+    """``job`` as the filter and the score see it: without the pod's name, which neither reads.
+
+    Pods with the same spec in the same namespace (a Deployment's replicas, a training job's
+    workers, a burst from one controller) then share remembered verdicts, as kube-scheduler's
+    former equivalence cache shared them between pods of one controller. Verdicts are computed on
+    this value itself, so they cannot depend on the name even by mistake.
+    """
+    if not job.req.name:
+        return job
+    return dataclasses.replace(job, req=dataclasses.replace(job.req, name=""))
+
+
+def _job_key(job: Job) -> Hashable | None:
+    """The complete value of ``job`` as a hashable key; None if some field cannot be hashed."""
+    try:
+        key = frozen_value(job)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class Engine:
     def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
         self._memo: OrderedDict[Hashable, dict[int, tuple[NodeState, NodeResult]]] = OrderedDict()
+        self.serial = next(_SERIALS)
 
     def job(self, pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
         """The pod resolved against this engine's policy; ``namespace_labels`` None: unknown."""
@@ -92,49 +167,52 @@ class Engine:
         return [filter_node(job, s, self.policy, now) for s in states]
 
     def filter_grouped(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None,
-                       keys: Sequence[int] | None = None) -> GroupedResults:
+                       keys: Sequence[int] | None = None, groups: NodeGroups | None = None) -> GroupedResults:
         """``filter`` for many nodes at once: ``filter_node`` runs once per equivalence class.
 
         Every node gets its class's verdict and reasons, which are what ``filter_node`` would give
         it (``tests/unit/test_equivalence.py`` checks this node by node). A node whose inventory is
         stale is decided on its own: its reason names its own age. ``keys``: the states'
-        ``state_keys`` for ``job.req.resource`` when the caller has them already.
+        ``state_keys`` for ``job.req.resource`` when the caller has them already; ``groups``: the
+        states' ``group_nodes`` for that resource, when the caller has that already.
         """
         policy = self.policy
+        job = decision_job(job)
         states = list(states)
-        resource = job.req.resource
-        keys = state_keys(states, resource) if keys is None else list(keys)
-        if now is not None and policy.inventory.on_stale == "reject":
-            # One datetime comparison per node; the exact check (and its message) only near the limit.
+        given = groups
+        if groups is None:
+            groups = group_nodes(states, state_keys(states, job.req.resource) if keys is None else list(keys))
+        if (now is not None and policy.inventory.on_stale == "reject" and groups.oldest_observed_at is not None
+                and groups.oldest_observed_at < now - dt.timedelta(seconds=policy.inventory.stale_after_seconds - 1)):
+            # Some node is near the limit: the exact check (and its message) for the nodes there;
+            # a stale node is a class of its own (its reason names its own age; class numbers are >= 0).
             suspect = now - dt.timedelta(seconds=policy.inventory.stale_after_seconds - 1)
-            for i, s in enumerate(states):
-                if (s.view is not None and s.view.inventory.observed_at < suspect
-                        and inventory_rejection(s, policy, now) is not None):
-                    keys[i] = -1 - i  # a class of its own (class numbers are >= 0)
-        # dict builtins instead of a Python loop per node: first node of each class, class index per node.
-        first = dict(zip(reversed(keys), reversed(states)))
-        index = {k: g for g, k in enumerate(dict.fromkeys(keys))}
-        memo = self._job_memo(job)
+            class_keys = groups.class_keys
+            own = [class_keys[g] if (s.view is None or s.view.inventory.observed_at >= suspect
+                                     or inventory_rejection(s, policy, now) is None) else -1 - i
+                   for i, (s, g) in enumerate(zip(states, groups.group_of))]
+            groups = group_nodes(states, own)
+        job_key = _job_key(job)
+        memo = self._job_memo(job_key)
         reps: list[NodeState] = []
         results: list[NodeResult] = []
-        for k in index:
+        for k, rep in zip(groups.class_keys, groups.representatives):
             hit = memo.get(k)
             if hit is None:
-                hit = (first[k], filter_node(job, first[k], policy, now))
+                hit = (rep, filter_node(job, rep, policy, now))
                 if k >= 0:  # a stale node's verdict depends on now
                     memo[k] = hit
             reps.append(hit[0])
             results.append(hit[1])
-        return GroupedResults(results, reps, [index[k] for k in keys])
+        answer_key = (self.serial, groups.serial, job_key) if groups is given and job_key is not None else None
+        return GroupedResults(results, reps, groups.group_of, groups.members, answer_key)
 
-    def _job_memo(self, job: Job) -> dict[int, tuple[NodeState, NodeResult]]:
-        """Class verdicts already decided for this job (kube-scheduler asks filter, then prioritize,
-        and retries pending pods): keyed by the complete Job value, held by this engine only, so
-        a policy swap (a new engine) starts empty, and a changed node state is a new class."""
-        try:
-            key = frozen_value(job)
-            hash(key)
-        except TypeError:
+    def _job_memo(self, key: Hashable | None) -> dict[int, tuple[NodeState, NodeResult]]:
+        """Class verdicts already decided for the job of ``_job_key`` ``key`` (kube-scheduler asks
+        filter, then prioritize, and retries pending pods; a controller's pods share a
+        ``decision_job``), held by this engine only, so a policy swap (a new engine) starts empty,
+        and a changed node state is a new class. ``key`` None: nothing remembered."""
+        if key is None:
             return {}
         memo = self._memo.get(key)
         if memo is None:

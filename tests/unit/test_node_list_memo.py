@@ -158,3 +158,30 @@ def test_a_rotated_node_list_is_answered_in_its_own_order_and_sees_changes():
     assert ask(service, "filter", p, rotated)["NodeNames"] == fresh_answer(cache, "filter", p, names=rotated)["NodeNames"]
     shuffled = [NODES[3]] + NODES[:3] + NODES[4:]  # same length and names, not a rotation
     assert ask(service, "prioritize", p, shuffled) == fresh_answer(cache, "prioritize", p, names=shuffled)
+
+
+def test_pods_that_differ_only_by_name_share_verdicts_and_answers():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
+    first = ask(service, "filter", pod(spec, name="lora-0"))
+    assert len(service.engine._memo) == 1
+    again = ask(service, "filter", pod(spec, name="lora-1"))
+    assert again == first == fresh_answer(cache, "filter", pod(spec, name="lora-1"))
+    assert len(service.engine._memo) == 1  # one decision job for both names
+    assert ask(service, "prioritize", pod(spec, name="lora-2")) == fresh_answer(cache, "prioritize", pod(spec, name="lora-2"))
+
+
+def test_pods_of_other_namespaces_are_decided_for_their_own_tenant():
+    policy = parse_policy({**default_policy().model_dump(by_alias=True, exclude_none=True), "tenants": [
+        {"name": "team-a", "namespaces": ["team-a"]},
+        {"name": "team-b", "namespaces": ["team-b"], "deniedModels": ["RTX-4090"]},
+    ]})
+    cache = cluster()
+    service = ExtenderService(Engine(policy), ClusterSource(cache, CAT))
+    spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
+    a = ask(service, "filter", pod(spec, name="lora", namespace="team-a"))
+    b = ask(service, "filter", pod(spec, name="lora", namespace="team-b"))
+    assert {"gpu-4090-0", "gpu-4090-1"} <= set(a["NodeNames"])
+    assert not {"gpu-4090-0", "gpu-4090-1"} & set(b["NodeNames"])
+    assert b == fresh_answer(cache, "filter", pod(spec, name="lora", namespace="team-b"), Engine(policy))
