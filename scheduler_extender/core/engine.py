@@ -143,7 +143,18 @@ def decision_job(job: Job) -> Job:
 
 
 def _job_key(job: Job) -> Hashable | None:
-    """The complete value of ``job`` as a hashable key; None if some field cannot be hashed."""
+    """The complete value of ``job`` as a hashable key; None if some field cannot be hashed.
+
+    The size class is a pydantic model with list fields (unhashable); within one engine it is
+    one of the policy's classes, whose names are unique, so its name stands for it. Any other
+    unhashable field falls back to ``frozen_value``.
+    """
+    try:
+        key: Hashable = (dataclasses.replace(job, size_class=None), job.size_class.name)
+        hash(key)
+        return key
+    except TypeError:
+        pass
     try:
         key = frozen_value(job)
         hash(key)
