@@ -62,6 +62,7 @@ def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:
         "scoreFormula": "score = round(10 x sum(weight x value) / sum(weight)) over the components that apply",
         "nodes": nodes,
         "bestNode": best.node if best else None,
+        "topNodes": decision.top(),
     }
 
 

@@ -67,7 +67,13 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
             lines.append(f"{kind} {r.node:<{width}}  {r.reason}")
     best = decision.best()
     lines.append("")
-    lines.append(f"best node: {best.node} (score {best.score})" if best else "best node: none: the pod stays Pending")
+    top = decision.top()
+    if best is None:
+        lines.append("best node: none: the pod stays Pending")
+    elif len(top) == 1:
+        lines.append(f"best node: {best.node} (score {best.score})")
+    else:
+        lines.append(f"best nodes: {', '.join(top)} (tied at score {best.score}: kube-scheduler's own scores pick one)")
     return "\n".join(lines)
 
 

@@ -40,6 +40,15 @@ class Decision:
         ranked = sorted(self.scores.values(), key=lambda s: (-s.score, s.cost_per_hour, s.node))
         return ranked[0] if ranked else None
 
+    def top(self) -> list[str]:
+        """Every node with the highest score, cheapest first: kube-scheduler adds its own plugins'
+        scores (resource fit, balance) to the extender's, so any of them may win a tie."""
+        best = self.best()
+        if best is None:
+            return []
+        tied = [s for s in self.scores.values() if s.score == best.score]
+        return [s.node for s in sorted(tied, key=lambda s: (s.cost_per_hour, s.node))]
+
 
 @dataclass(frozen=True)
 class GroupedResults:
