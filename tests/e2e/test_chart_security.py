@@ -430,3 +430,14 @@ def test_the_admission_policy_is_on_by_default_can_be_switched_off_and_needs_kub
     assert helm("template", RELEASE, str(CHART), "--kube-version", "1.29.9",
                 "--set", "agent.admissionPolicy.enabled=false").returncode == 0
 
+
+
+def test_own_scheduler_mode_with_tls_prints_an_https_extenders_snippet_and_where_the_ca_is(chart):
+    out = chart["helm"]("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false",
+                        "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=ext-tls").stdout
+    notes = out.split("NOTES:", 1)[1]
+    snippet = yaml.safe_load(notes.split("KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1):", 1)[1]
+                             .split("tlsConfig.caFile above", 1)[0])
+    ext = snippet["extenders"][0]
+    assert ext["urlPrefix"] == f"https://own-gpuplace-extender.{NS}.svc:8888" and ext["enableHTTPS"] is True
+    assert f"kubectl -n {NS} get secret ext-tls -o jsonpath='{{.data.ca\\.crt}}' | base64 -d" in notes
