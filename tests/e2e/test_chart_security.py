@@ -323,12 +323,10 @@ def test_a_ca_bundle_in_values_becomes_ca_data_and_client_auth_adds_the_client_c
     assert c["readinessProbe"]["tcpSocket"] == {"port": "http"}  # kubelet has no client certificate
 
 
-def test_the_tls_chart_passes_a_server_side_dry_run_apply(chart):
-    values = chart["work"] / "tls-dry-run.yaml"
-    values.write_text(yaml.safe_dump({"extender": {"tls": {
-        "enabled": True, "secretName": "ext-tls", "clientAuth": {"enabled": True, "secretName": "sched-client"}}}}))
+def test_the_tls_scenario_passes_a_server_side_dry_run_apply(chart):
     rendered = chart["helm"]("template", "tls", str(CHART), "--namespace", NS, "--kube-version", KUBE_VERSION,
-                             "-f", str(values)).stdout
+                             "-f", str(CHART / "ci" / "tls-values.yaml")).stdout
+    assert "--tls-client-ca-file=/etc/gpuplace/client-ca/ca.crt" in rendered
     cp = chart["cp"]
     proc = subprocess.run([str(cp.binaries.kubectl), "--kubeconfig", str(cp.kubeconfig_path), "apply",
                            "--dry-run=server", "-f", "-"], input=rendered, capture_output=True, text=True)
