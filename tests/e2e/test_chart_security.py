@@ -323,6 +323,15 @@ def test_a_ca_bundle_in_values_becomes_ca_data_and_client_auth_adds_the_client_c
     assert c["readinessProbe"]["tcpSocket"] == {"port": "http"}  # kubelet has no client certificate
 
 
+def test_insecure_skip_verify_sends_no_ca_which_kube_scheduler_would_refuse_alongside_it(chart):
+    docs = _by_kind_name(_render(chart["helm"], "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=s",
+                                 "--set", "extender.tls.insecureSkipVerify=true"))
+    ext = yaml.safe_load(docs[("ConfigMap", "gpuplace-scheduler-config")]["data"]["config.yaml"])["extenders"][0]
+    assert ext["tlsConfig"] == {"insecure": True}
+    sched = docs[("Deployment", "gpuplace-scheduler")]["spec"]["template"]["spec"]
+    assert [v["name"] for v in sched["volumes"]] == ["config"]
+
+
 def test_the_tls_scenario_passes_a_server_side_dry_run_apply(chart):
     rendered = chart["helm"]("template", "tls", str(CHART), "--namespace", NS, "--kube-version", KUBE_VERSION,
                              "-f", str(CHART / "ci" / "tls-values.yaml")).stdout

@@ -64,6 +64,11 @@ app.kubernetes.io/part-of: gpuplace
 {{- else }}{{ .Values.extender.tls.clientAuth.secretName }}{{ end }}
 {{- end }}
 
+{{/* Whether the chart's kube-scheduler reads the extender's CA from the serving Secret's ca.crt. */}}
+{{- define "gpuplace.scheduler.extenderCAFromSecret" -}}
+{{- with .Values.extender.tls }}{{ if and .enabled (not .caBundle) (not .insecureSkipVerify) }}true{{ end }}{{ end }}
+{{- end }}
+
 {{/* Where the chart's kube-scheduler mounts the extender's CA and its client certificate. */}}
 {{- define "gpuplace.scheduler.extenderCADir" -}}/etc/kubernetes/gpuplace-scheduler/extender-ca{{- end }}
 {{- define "gpuplace.scheduler.clientCertDir" -}}/etc/kubernetes/gpuplace-scheduler/extender-client{{- end }}
@@ -90,7 +95,10 @@ extenders:
   {{- if .enabled }}
   tlsConfig:
     insecure: {{ .insecureSkipVerify }}
-    {{- if .caBundle }}
+    {{- /* kube-scheduler refuses a CA together with insecure, and with enableHTTPS and no CA it
+    silently skips verification (pkg/scheduler/extender.go makeTransport): a CA is always set here. */}}
+    {{- if .insecureSkipVerify }}
+    {{- else if .caBundle }}
     caData: {{ .caBundle | b64enc }}
     {{- else }}
     caFile: {{ include "gpuplace.scheduler.extenderCADir" $ }}/ca.crt
