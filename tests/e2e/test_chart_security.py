@@ -55,12 +55,14 @@ def _by_kind_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def _forbidden(call: Callable[[], Any]) -> str:
+def _forbidden(call: Callable[[], Any], what: str = "") -> str:
     """Run an API call that must be refused; return the server's message."""
-    with pytest.raises(ApiException) as info:
+    try:
         call()
-    assert info.value.status == 403, f"expected 403 Forbidden, got {info.value.status}: {info.value.body}"
-    return str(json.loads(info.value.body).get("message", ""))
+    except ApiException as e:
+        assert e.status == 403, f"{what}: expected 403 Forbidden, got {e.status}: {e.body}"
+        return str(json.loads(e.body).get("message", ""))
+    raise AssertionError(f"{what}: the call succeeded; it must be refused with 403")
 
 
 def _inventory_for(node: str, tmp: Path, gpus: int | None = None) -> Path:
@@ -172,7 +174,7 @@ def test_the_agent_may_set_and_remove_gpuplace_io_keys_on_its_own_node(chart):
 ])
 def test_the_agent_cannot_change_anything_of_its_own_node_outside_gpuplace_io(chart, what, body, message):
     before = k8s.CoreV1Api(chart["api"]).read_node(OWN_NODE)
-    assert message in _forbidden(lambda: _patch(chart["agent"], OWN_NODE, body)), what
+    assert message in _forbidden(lambda: _patch(chart["agent"], OWN_NODE, body), what), what
     after = k8s.CoreV1Api(chart["api"]).read_node(OWN_NODE)
     assert after.metadata.resource_version == before.metadata.resource_version, f"{what}: the Node changed"
 
@@ -204,7 +206,7 @@ def test_the_agent_token_is_refused_everything_else(chart):
         "read the policy": lambda: agent.read_namespaced_config_map("gpuplace-policy", NS),
     }
     for what, call in forbidden.items():
-        _forbidden(call)
+        _forbidden(call, what)
     assert agent.read_node(OWN_NODE).metadata.name == OWN_NODE  # get is granted (kubectl-style patch clients need it)
 
 
@@ -268,7 +270,7 @@ def test_the_extender_token_is_refused_writes_secrets_and_other_configmaps(chart
         "list events": lambda: ext.list_namespaced_event(NS),
     }
     for what, call in forbidden.items():
-        _forbidden(call)
+        _forbidden(call, what)
     # what it needs works: its one policy ConfigMap, by name and by field selector
     assert ext.read_namespaced_config_map("gpuplace-policy", NS).data["policy.yaml"]
     assert len(ext.list_namespaced_config_map(NS, field_selector="metadata.name=gpuplace-policy").items) == 1
