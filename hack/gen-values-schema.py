@@ -68,6 +68,28 @@ def values_schema() -> dict[str, Any]:
                 "port": integer(1, maximum=65535),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT,
+                "tls": obj({
+                    "enabled": {"type": "boolean"},
+                    "secretName": s("existing kubernetes.io/tls Secret with the serving certificate",
+                                    pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$", maxLength=253),
+                    "caBundle": s("PEM CA for the scheduler's tlsConfig.caData",
+                                  pattern=r"^(|-----BEGIN CERTIFICATE-----[\s\S]*-----END CERTIFICATE-----\s*)$"),
+                    "insecureSkipVerify": {"type": "boolean"},
+                    "clientAuth": obj({
+                        "enabled": {"type": "boolean"},
+                        "secretName": s("existing kubernetes.io/tls Secret with kube-scheduler's client certificate",
+                                        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$", maxLength=253),
+                    }),
+                    "certManager": obj({
+                        "enabled": {"type": "boolean"},
+                        "issuerRef": {"anyOf": [
+                            obj({}),
+                            obj({"name": s(minLength=1), "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                                 "group": s(minLength=1)}, ("name", "kind")),
+                        ]},
+                        "duration": DURATION, "renewBefore": DURATION,
+                    }),
+                }),
             }),
             "scheduler": obj({
                 "enabled": {"type": "boolean"},
@@ -95,6 +117,8 @@ def values_schema() -> dict[str, Any]:
                 "intervalSeconds": {"type": "number", "exclusiveMinimum": 0},
                 "metricsPort": integer(1, maximum=65535),
                 "podResourcesDir": s(pattern="^/"),
+                "podResources": obj({"enabled": {"type": "boolean"}}),
+                "admissionPolicy": obj({"enabled": {"type": "boolean"}}),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, **PLACEMENT,
             }),

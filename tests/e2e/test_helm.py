@@ -26,10 +26,11 @@ from kubernetes import client as k8s
 
 from scheduler_extender.core.policy import parse_policy
 from tests.e2e.test_placement import EXPECTED
-from tests.harness.controlplane import K8S_VERSION, ControlPlane, SchedulerSpec, ensure_helm, free_port, wait_for
+from tests.harness.controlplane import K8S_VERSION, SchedulerSpec, free_port, wait_for
 from tests.harness.gpucluster import (
     ROOT, create_gpu_nodes, create_pods, load_pod_manifests, start_extender, wait_placements,
 )
+from tests.harness.helm import Helm, helm_control_plane, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -38,33 +39,6 @@ NS = "gpuplace"
 RELEASE = "gpuplace"
 POLICY_CM = "gpuplace-policy"
 RTX_4090_NODES = {"gpu-4090-0", "gpu-4090-1"}
-
-
-class Helm:
-    def __init__(self, binary: Path, kubeconfig: Path, home: Path) -> None:
-        self.binary, self.kubeconfig = binary, kubeconfig
-        self.env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
-                    "HELM_DATA_HOME": str(home / "data")}
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.binary), *args, "--kubeconfig", str(self.kubeconfig)],
-                              capture_output=True, text=True, env=self.env, timeout=120)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
-        return proc
-
-
-def sa_kubeconfig(cp: ControlPlane, api: k8s.ApiClient, namespace: str, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as ServiceAccount ``namespace/sa`` (TokenRequest API)."""
-    token = k8s.CoreV1Api(api).create_namespaced_service_account_token(
-        sa, namespace, k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)))
-    admin = yaml.safe_load(cp.kubeconfig_path.read_text())
-    admin["users"] = [{"name": sa, "user": {"token": token.status.token}}]
-    admin["contexts"] = [{"name": sa, "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}]
-    admin["current-context"] = sa
-    path.write_text(yaml.safe_dump(admin))
-    path.chmod(0o600)
-    return path
 
 
 def metric_value(text: str, series: str) -> float | None:
@@ -79,10 +53,7 @@ def helm_cp(tmp_path_factory):
     if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
         pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
     work = tmp_path_factory.mktemp("helm")
-    with ControlPlane(work / "cp", scheduler_configs=[]) as cp:
-        api = cp.api_client()
-        k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NS)))
-        helm = Helm(ensure_helm(), cp.kubeconfig_path, work / "helm-home")
+    with helm_control_plane(work, NS) as (cp, api, helm):
         yield cp, api, helm, work
 
 

@@ -42,10 +42,36 @@ app.kubernetes.io/part-of: gpuplace
 {{- define "gpuplace.agent.name" -}}{{ include "gpuplace.fullname" . }}-agent{{- end }}
 {{- define "gpuplace.policy.name" -}}{{ include "gpuplace.fullname" . }}-policy{{- end }}
 
-{{/* The URL kube-scheduler calls: the extender Service's cluster DNS name. */}}
+{{/* The URL kube-scheduler calls: the extender Service's cluster DNS name (https with extender.tls). */}}
 {{- define "gpuplace.extender.url" -}}
-http://{{ include "gpuplace.extender.name" . }}.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+{{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "gpuplace.extender.host" . }}:{{ .Values.extender.port }}
 {{- end }}
+
+{{/* The extender Service's DNS name; the serving certificate must name it. */}}
+{{- define "gpuplace.extender.host" -}}
+{{ include "gpuplace.extender.name" . }}.{{ .Release.Namespace }}.svc
+{{- end }}
+
+{{/* Secret with the extender's serving certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "gpuplace.extender.tlsSecret" -}}
+{{- if .Values.extender.tls.certManager.enabled }}{{ include "gpuplace.extender.name" . }}-tls
+{{- else }}{{ .Values.extender.tls.secretName }}{{ end }}
+{{- end }}
+
+{{/* Secret with kube-scheduler's client certificate for the extender (extender.tls.clientAuth). */}}
+{{- define "gpuplace.extender.clientSecret" -}}
+{{- if .Values.extender.tls.certManager.enabled }}{{ include "gpuplace.scheduler.name" . }}-client-tls
+{{- else }}{{ .Values.extender.tls.clientAuth.secretName }}{{ end }}
+{{- end }}
+
+{{/* Whether the chart's kube-scheduler reads the extender's CA from the serving Secret's ca.crt. */}}
+{{- define "gpuplace.scheduler.extenderCAFromSecret" -}}
+{{- with .Values.extender.tls }}{{ if and .enabled (not .caBundle) (not .insecureSkipVerify) }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* Where the chart's kube-scheduler mounts the extender's CA and its client certificate. */}}
+{{- define "gpuplace.scheduler.extenderCADir" -}}/etc/kubernetes/gpuplace-scheduler/extender-ca{{- end }}
+{{- define "gpuplace.scheduler.clientCertDir" -}}/etc/kubernetes/gpuplace-scheduler/extender-client{{- end }}
 
 {{/* kube-scheduler image: the cluster's vMAJOR.MINOR.PATCH (provider suffixes such as -eks-1 dropped). */}}
 {{- define "gpuplace.scheduler.image" -}}
@@ -64,7 +90,25 @@ extenders:
   prioritizeVerb: prioritize
   weight: {{ .Values.scheduler.extender.weight }}
   nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
-  enableHTTPS: false
+  enableHTTPS: {{ .Values.extender.tls.enabled }}
+  {{- with .Values.extender.tls }}
+  {{- if .enabled }}
+  tlsConfig:
+    insecure: {{ .insecureSkipVerify }}
+    {{- /* kube-scheduler refuses a CA together with insecure, and with enableHTTPS and no CA it
+    silently skips verification (pkg/scheduler/extender.go makeTransport): a CA is always set here. */}}
+    {{- if .insecureSkipVerify }}
+    {{- else if .caBundle }}
+    caData: {{ .caBundle | b64enc }}
+    {{- else }}
+    caFile: {{ include "gpuplace.scheduler.extenderCADir" $ }}/ca.crt
+    {{- end }}
+    {{- if .clientAuth.enabled }}
+    certFile: {{ include "gpuplace.scheduler.clientCertDir" $ }}/tls.crt
+    keyFile: {{ include "gpuplace.scheduler.clientCertDir" $ }}/tls.key
+    {{- end }}
+  {{- end }}
+  {{- end }}
   httpTimeout: {{ .Values.scheduler.extender.httpTimeoutSeconds }}s
   ignorable: {{ .Values.scheduler.extender.ignorable }}
   managedResources:
