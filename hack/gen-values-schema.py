@@ -66,6 +66,7 @@ def values_schema() -> dict[str, Any]:
             "extender": obj({
                 "replicas": integer(1, "extender replicas"),
                 "port": integer(1, maximum=65535),
+                "healthPort": integer(1, "plain-HTTP port of /healthz, /readyz, /metrics when TLS is on", maximum=65535),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT,
                 "tls": obj({

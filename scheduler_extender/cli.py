@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import ssl
@@ -15,7 +16,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.server import ExtenderService, create_app, create_health_app
 from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
     p.add_argument("--port", type=int, default=8888, help="port to listen on (default: 8888)")
+    p.add_argument("--health-port", type=int, default=0, metavar="PORT",
+                   help="also serve GET /healthz, /readyz and /metrics (only those) over plain HTTP on PORT, for "
+                        "kubelet probes and Prometheus when --tls-client-ca-file makes --port require client "
+                        "certificates (default: 0, off)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--inventory-dir", metavar="DIR",
                       help="static mode: read one NodeGPUInventory (.json/.yaml) per node from DIR")
@@ -187,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--policy-configmap reads the policy from the cluster: it excludes --policy and --inventory-dir")
     try:
         ssl_options = tls_options(args)
+        if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
+            raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
         if args.watch_timeout_seconds < 1:
             raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
     except UsageError as e:
@@ -258,9 +265,24 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning", access_log=False,
-                **ssl_options)
+    servers = [uvicorn.Server(uvicorn.Config(create_app(service), host=args.host, port=args.port,
+                                             log_level="warning", access_log=False, **ssl_options))]
+    if args.health_port:
+        log.info("health and metrics also on http://%s:%d (/healthz, /readyz, /metrics)", args.host, args.health_port)
+        servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host,
+                                                     port=args.health_port, log_level="warning", access_log=False)))
+    asyncio.run(_serve(servers))
     return 0
+
+
+async def _serve(servers: list[Any]) -> None:
+    """Run uvicorn servers until one stops (a signal reaches only the last one to install its
+    handlers), then stop the others."""
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for s in servers:
+        s.should_exit = True
+    await asyncio.gather(*pending)
 
 
 if __name__ == "__main__":

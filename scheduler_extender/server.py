@@ -23,7 +23,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from scheduler_extender.core.devices import NodeState
@@ -320,6 +320,28 @@ def create_app(service: ExtenderService) -> Starlette:
                 m.request_duration.labels(name).observe(time.perf_counter() - start)
         return endpoint
 
+    async def debug_allocations(request: Request) -> Response:
+        return Response(dumps(service.source.allocations()), media_type="application/json")
+
+    return Starlette(routes=[
+        Route("/filter", verb("filter", service.filter_response), methods=["POST"]),
+        Route("/prioritize", verb("prioritize", service.prioritize_response), methods=["POST"]),
+        Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
+        *_health_routes(service),
+        Route("/debug/allocations", debug_allocations, methods=["GET"]),
+    ])
+
+
+def create_health_app(service: ExtenderService) -> Starlette:
+    """Only ``GET /healthz``, ``/readyz`` and ``/metrics`` of ``service``: served over plain HTTP
+    on ``--health-port`` for kubelet probes and Prometheus, which present no client certificate
+    when the main port requires one."""
+    return Starlette(routes=_health_routes(service))
+
+
+def _health_routes(service: ExtenderService) -> list[Route]:
+    m = service.metrics
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -337,18 +359,8 @@ def create_app(service: ExtenderService) -> Starlette:
             m.inventory_errors.set(rejected())
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def debug_allocations(request: Request) -> Response:
-        return Response(dumps(service.source.allocations()), media_type="application/json")
-
-    async def not_allowed(request: Request) -> Response:
-        return JSONResponse({"Error": f"{request.method} {request.url.path}: use POST"}, status_code=405)
-
-    return Starlette(routes=[
-        Route("/filter", verb("filter", service.filter_response), methods=["POST"]),
-        Route("/prioritize", verb("prioritize", service.prioritize_response), methods=["POST"]),
-        Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
+    return [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/debug/allocations", debug_allocations, methods=["GET"]),
-    ])
+    ]

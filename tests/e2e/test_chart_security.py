@@ -299,8 +299,12 @@ def test_tls_from_a_secret_renders_an_https_scheduler_config_and_mounts_it_read_
     assert not [a for a in c["args"] if a.startswith("--tls-client-ca-file")]
     assert {"name": "tls", "mountPath": "/etc/gpuplace/tls", "readOnly": True} in c["volumeMounts"]
     assert next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]["secretName"] == "ext-tls"
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
-    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Probes and Prometheus carry no client certificate and trust no private CA: the plain health port.
+    assert "--health-port=8889" in c["args"] and {"name": "health", "containerPort": 8889, "protocol": "TCP"} in c["ports"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
+    service_ports = {p["name"]: p["port"] for p in docs[("Service", "gpuplace-extender")]["spec"]["ports"]}
+    assert service_ports == {"http": 8888, "health": 8889}
 
 
 def test_a_ca_bundle_in_values_becomes_ca_data_and_client_auth_adds_the_client_certificate(chart):
@@ -322,7 +326,7 @@ def test_a_ca_bundle_in_values_becomes_ca_data_and_client_auth_adds_the_client_c
     c = pod["containers"][0]
     assert "--tls-client-ca-file=/etc/gpuplace/client-ca/ca.crt" in c["args"]
     assert next(v for v in pod["volumes"] if v["name"] == "client-ca")["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
-    assert c["readinessProbe"]["tcpSocket"] == {"port": "http"}  # kubelet has no client certificate
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health", "scheme": "HTTP"}  # no client cert
 
 
 def test_insecure_skip_verify_sends_no_ca_which_kube_scheduler_would_refuse_alongside_it(chart):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.controlplane import ControlPlane, ExtenderSpec, SchedulerSpec, create_node, pod_events, wait_for
+from tests.harness.controlplane import (
+    ControlPlane, ExtenderSpec, SchedulerSpec, create_node, free_port, pod_events, wait_for,
+)
 from tests.harness.gpucluster import (
     ROOT, create_pods, gpu_pod_manifest, node_allocatable, start_extender, wait_placements,
 )
@@ -71,8 +74,10 @@ def _client_context(pki: ExtenderPKI, *, with_cert: bool) -> ssl.SSLContext:
 
 
 def test_kube_scheduler_places_and_rejects_through_the_extender_over_mutual_tls(cp, pki, agent_log):
+    health_port = free_port()
     ext = start_extender(cp.kubeconfig_path, cp.logs, ssl_context=_client_context(pki, with_cert=True),
-                         extra_args=[*pki.extender_args(require_client_cert=True), "--log-level", "debug"])
+                         extra_args=[*pki.extender_args(require_client_cert=True), "--log-level", "debug",
+                                     "--health-port", str(health_port)])
     try:
         assert ext.url.startswith("https://")
         cp.add_scheduler(SchedulerSpec(name=SCHEDULER, extender=ExtenderSpec(
@@ -98,9 +103,21 @@ def test_kube_scheduler_places_and_rejects_through_the_extender_over_mutual_tls(
                                    context=_client_context(pki, with_cert=False)).read()
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             urllib.request.urlopen(f"http://127.0.0.1:{ext.port}/healthz", timeout=5).read()
+
+        # Probes and Prometheus, which carry no client certificate, use the plain health port:
+        # readiness and metrics only, never the verbs.
+        health = f"http://127.0.0.1:{health_port}"
+        assert urllib.request.urlopen(health + "/readyz", timeout=5).read() == b"ok"
+        assert b'verb="filter"' in urllib.request.urlopen(health + "/metrics", timeout=5).read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(health + "/filter", data=b"{}", method="POST"), timeout=5)
+        assert refused.value.code == 404
     finally:
         cp.stop_scheduler(SCHEDULER)
         ext.stop()
+    # uvicorn re-raises the SIGTERM it handled once its servers are down (-15); -9 would mean that
+    # the health server kept the process alive until the harness killed it.
+    assert ext.proc.returncode == -signal.SIGTERM, "SIGTERM must stop both servers (main and health port)"
 
     extender_log = ext.log_path.read_text(errors="replace")
     assert "DEBUG" in extender_log, "the extender did not log at DEBUG; the check below would prove nothing"
