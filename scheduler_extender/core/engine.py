@@ -16,6 +16,7 @@ from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job, resolve_job
 from scheduler_extender.core.policy import Policy, default_policy
 from scheduler_extender.core.score import NodeScore, score_nodes
+from scheduler_extender.core.workload import WorkloadProfile
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,16 @@ class Engine:
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
         return [filter_node(job, s, self.policy, now) for s in states]
 
-    def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult]) -> dict[str, NodeScore]:
+    def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
+              workload: WorkloadProfile | None = None) -> dict[str, NodeScore]:
+        """Scores of the nodes that passed; ``workload``: the learned target workload for the
+        ``fragmentation`` component (None: it does not apply)."""
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
-        return {s.node: s for s in score_nodes(job, passed, self.policy)}
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload)}
 
     def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
-               namespace_labels: Mapping[str, str] | None = None) -> Decision:
+               namespace_labels: Mapping[str, str] | None = None,
+               workload: WorkloadProfile | None = None) -> Decision:
         job = self.job(pod, namespace_labels)
         results = self.filter(job, states, now)
-        return Decision(job, results, self.score(job, states, results))
+        return Decision(job, results, self.score(job, states, results, workload))
