@@ -10,6 +10,7 @@ same shape and is logged; the server keeps serving either way.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.explain import explain_decision
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
@@ -40,6 +42,23 @@ class ExtenderService:
         self.engine = engine
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
+        # The target workload for the fragmentation score, learned from the pods /filter sees.
+        self.workload = WorkloadTracker()
+        self._workload_lock = threading.Lock()
+
+    def _learn(self, job: Any, pod: Any) -> None:
+        shape = demand_shape(job)
+        if shape is None:
+            return
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        with self._workload_lock:
+            self.workload.observe(shape, str(uid) if uid else None)
+
+    def workload_profile(self) -> WorkloadProfile:
+        """The learned target workload's current snapshot (immutable; empty until enough pods were seen)."""
+        with self._workload_lock:
+            return self.workload.profile()
 
     def _decide(self, args: ExtenderArgs) -> tuple[Engine, Any, list[str], list[NodeResult], list[Any]]:
         engine = self.engine  # one policy for the whole request
@@ -60,6 +79,7 @@ class ExtenderService:
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         engine, job, names, results, _ = self._decide(args)
+        self._learn(job, args.Pod)
         passing = [r.node for r in results if r.passed]
         failed = {r.node: r.reason for r in results if not r.passed and not r.unresolvable}
         unresolvable = {r.node: r.reason for r in results if not r.passed and r.unresolvable}
@@ -112,7 +132,7 @@ class ExtenderService:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         engine, job, names, results, states = self._decide(args)
-        scores = engine.score(job, states, results)
+        scores = engine.score(job, states, results, self.workload_profile())
         best = max(scores.values(), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
             by_node = {r.node: r for r in results}
@@ -140,7 +160,7 @@ def explain_pod(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]
     engine = service.engine
     names = service.source.node_names()
     decision = engine.decide(pod, service.source.states(names, None), service.source.now(),
-                             service.namespace_labels_of(pod))
+                             service.namespace_labels_of(pod), workload=service.workload_profile())
     return explain_decision(decision, engine.policy)
 
 
