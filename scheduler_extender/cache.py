@@ -11,6 +11,9 @@ Allocation rules:
   pod the API server no longer has is ignored (the agent may not have caught up yet);
 - GPU requests of pods no ``allocatedTo`` names are counted per resource as ``anonymous``: they
   lower the free count without pinning a device.
+- free CPU / memory (``NodeState.cpu_milli_free`` / ``memory_bytes_free``, read by the
+  fragmentation score): the Node's ``status.allocatable`` minus the requests of every pod bound
+  to it, GPU or not (a pod without a request takes none); None when the Node gives no allocatable.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
-from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable
+from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable, host_allocatable
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
-from scheduler_extender.core.requirements import pod_gpu_requests
+from scheduler_extender.core.requirements import pod_gpu_requests, pod_host_requests
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 CHANGE_LOG_SIZE = 100_000
@@ -40,6 +43,7 @@ class _Node:
     view: NodeView | None
     error: str | None
     allocatable: Mapping[str, int] | None = None
+    host: tuple[int | None, int | None] = (None, None)  # allocatable (CPU millicores, memory bytes)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class ClusterCache:
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}  # uid -> pod holding GPUs on a node
         self._pods_by_node: dict[str, set[str]] = {}
+        self._host_pods: dict[str, tuple[str, int | None, int | None]] = {}  # uid -> (node, CPU, memory) requested
+        self._host_by_node: dict[str, set[str]] = {}
         self._states: dict[str, NodeState] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}  # name -> labels
         self.nodes_synced = False
@@ -160,7 +166,11 @@ class ClusterCache:
             return
         annotation = (meta.get("annotations") or {}).get(ANNOTATION)
         allocatable = gpu_allocatable(obj)
+        host = host_allocatable(obj)
         current = self._nodes.get(name)
+        if current is not None and current.host != host:
+            current.host = host
+            self._states.pop(name, None)
         if current is not None and current.annotation == annotation and current.allocatable == allocatable:
             return  # unchanged inventory and GPU allocatable: keep the parsed view
         if current is not None and current.annotation == annotation and current.view is not None:
@@ -169,7 +179,7 @@ class ClusterCache:
             view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
         else:
             view, error = parse_node_inventory(name, annotation, self._catalog, allocatable)
-        self._nodes[name] = _Node(name, annotation, view, error, allocatable)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host)
         if error:
             self.stats.inventory_errors[name] = error
         else:
@@ -208,11 +218,31 @@ class ClusterCache:
             self._pods_by_node.get(old.node, set()).discard(uid)
             self._invalidate(old.node)
 
+    def _remove_host_pod(self, uid: str) -> None:
+        old = self._host_pods.pop(uid, None)
+        if old is not None:
+            self._host_by_node.get(old[0], set()).discard(uid)
+            self._states.pop(old[0], None)
+
+    def _set_host_pod(self, uid: str, node: str | None, live: bool, obj: Mapping[str, Any]) -> None:
+        """Track the CPU/memory requests of every pod bound to a node (GPU or not)."""
+        if not node or not live:
+            self._remove_host_pod(uid)
+            return
+        entry = (node, *pod_host_requests(obj))
+        if self._host_pods.get(uid) == entry:
+            return
+        self._remove_host_pod(uid)
+        self._host_pods[uid] = entry
+        self._host_by_node.setdefault(node, set()).add(uid)
+        self._states.pop(node, None)
+
     def _set_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
         node = (obj.get("spec") or {}).get("nodeName")
         phase = (obj.get("status") or {}).get("phase")
+        self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, obj)
         requests, _ = pod_gpu_requests(obj)
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
@@ -230,7 +260,9 @@ class ClusterCache:
             self.stats.pod_events += 1
             if event_type == "DELETED":
                 meta = obj.get("metadata") or {}
-                self._remove_pod(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+                uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+                self._remove_pod(uid)
+                self._remove_host_pod(uid)
             else:
                 self._set_pod(obj)
 
@@ -238,6 +270,8 @@ class ClusterCache:
         with self._lock, bulk_load():
             self._pods.clear()
             self._pods_by_node.clear()
+            self._host_pods.clear()
+            self._host_by_node.clear()
             self._states.clear()
             self._reset_changes()
             for obj in objs:
@@ -295,6 +329,16 @@ class ClusterCache:
         anonymous = _sum_requests(p.requests for p in pods if p.key not in named)
         return NodeAllocation(held=held, anonymous=anonymous)
 
+    def _host_free(self, node: _Node) -> tuple[int | None, int | None]:
+        """Allocatable CPU/memory minus the bound pods' requests; None where either is unknown."""
+        pods = [self._host_pods[uid] for uid in self._host_by_node.get(node.name, ())]
+        out: list[int | None] = []
+        for k, cap in enumerate(node.host):
+            used = [p[k + 1] for p in pods]
+            # A pod that requests no CPU/memory takes none (kube-scheduler counts 0 for it).
+            out.append(None if cap is None else cap - sum(u or 0 for u in used))
+        return out[0], out[1]
+
     def state(self, name: str) -> NodeState | None:
         """The node's current state, or None if the node is unknown."""
         with self._lock:
@@ -304,7 +348,9 @@ class ClusterCache:
             node = self._nodes.get(name)
             if node is None:
                 return None
-            st = NodeState(name=name, view=node.view, allocation=self._allocation(node), inventory_error=node.error)
+            cpu, mem = self._host_free(node)
+            st = NodeState(name=name, view=node.view, allocation=self._allocation(node), inventory_error=node.error,
+                           cpu_milli_free=cpu, memory_bytes_free=mem)
             self._states[name] = st
             return st
 

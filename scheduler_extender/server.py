@@ -31,6 +31,7 @@ from scheduler_extender.core.engine import Engine, GroupedResults, NodeGroups, g
 from scheduler_extender.core.equivalence import state_key, state_keys
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.explain import explain_decision
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sources import StateSource
@@ -83,6 +84,23 @@ class ExtenderService:
         self._node_list_lock = threading.Lock()
         self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
         self._answers_lock = threading.Lock()
+        # The target workload for the fragmentation score, learned from the pods /filter sees.
+        self.workload = WorkloadTracker()
+        self._workload_lock = threading.Lock()
+
+    def _learn(self, job: Any, pod: Any) -> None:
+        shape = demand_shape(job)
+        if shape is None:
+            return
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        with self._workload_lock:
+            self.workload.observe(shape, str(uid) if uid else None)
+
+    def workload_profile(self) -> WorkloadProfile:
+        """The learned target workload's current snapshot (immutable; empty until enough pods were seen)."""
+        with self._workload_lock:
+            return self.workload.profile()
 
     def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
         """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
@@ -152,7 +170,7 @@ class ExtenderService:
         namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
         return lookup(str(namespace))
 
-    def _answer(self, verb: str, grouped: GroupedResults, build: Callable[[], Any]) -> bytes:
+    def _answer(self, verb: Hashable, grouped: GroupedResults, build: Callable[[], Any]) -> bytes:
         """The JSON body ``build()`` gives, remembered under the results' ``answer_key``: the same
         pod spec against the same, unchanged node list gets the same body (kube-scheduler sends
         the whole list for every pod of a burst, and again for every retry of a pending pod)."""
@@ -184,6 +202,7 @@ class ExtenderService:
         job, names, grouped = self._decide_grouped(args)
         results, members = grouped.results, grouped.members
         passing = sum(len(nodes) for r, nodes in zip(results, members) if r.passed)
+        self._learn(job, args.Pod)
         m = self.metrics
         if results and all(r.untouched for r in results):
             m.decisions.labels("not_gpu").inc()
@@ -253,13 +272,16 @@ class ExtenderService:
     def prioritize_response(self, args: ExtenderArgs) -> bytes:
         """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes."""
         job, names, grouped = self._decide_grouped(args)
-        scores = self.engine.score_grouped(job, grouped)
+        workload = self.workload_profile()
+        scored = self.engine.score_grouped(job, grouped, workload)
+        scores = scored.scores
         best = max((s for s in scores if s is not None), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:
-            self._count_placement(job, grouped.results[scores.index(best)])
+            self._count_placement(job, scored.results[scores.index(best)])
         by_class = [s.score if s is not None else 0 for s in scores]
-        return self._answer("prioritize", grouped,
-                            lambda: [{"Host": n, "Score": by_class[g]} for n, g in zip(names, grouped.group_of)])
+        # The learned workload moves the fragmentation component: its version is part of the key.
+        return self._answer(("prioritize", workload.version), grouped,
+                            lambda: [{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)])
 
 
 def parse_pod_body(body: bytes) -> dict[str, Any]:
@@ -282,7 +304,7 @@ def explain_pod(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]
     engine = service.engine
     names = service.source.node_names()
     decision = engine.decide(pod, service.source.states(names, None), service.source.now(),
-                             service.namespace_labels_of(pod))
+                             service.namespace_labels_of(pod), workload=service.workload_profile())
     return explain_decision(decision, engine.policy)
 
 

@@ -36,6 +36,7 @@ from scheduler_extender.core.devices import Unit
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.workload import WorkloadTracker, demand_shape
 from simulator.cluster import Cluster
 from simulator.model import SimPod
 
@@ -111,6 +112,7 @@ class GpuplacePolicy:
         self._jobs: dict[tuple, Job] = {}
         self._verdicts: dict[tuple, NodeResult] = {}
         self.filter_calls = 0
+        self.tracker = WorkloadTracker()
 
     def job(self, pod: SimPod) -> Job:
         j = self._jobs.get(pod.signature)
@@ -142,11 +144,14 @@ class GpuplacePolicy:
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
         fits = cluster.fits_resources(pod)
         job, verdicts = self._verdicts_for(pod, cluster, fits)
+        shape = demand_shape(job)
+        if shape is not None:  # the extender learns from every pod it is asked about, placed or not
+            self.tracker.observe(shape)
         passed = [(c, r) for c, r in verdicts.items() if r.passed and r.chosen]
         if not passed:
             return None
         states = [cluster.class_state(c) for c, _ in passed]
-        scores = self.engine.score(job, states, [r for _, r in passed])
+        scores = self.engine.score(job, states, [r for _, r in passed], self.tracker.profile())
         by_class = np.full(cluster.class_total, -np.inf)
         for (c, _), st in zip(passed, states):
             by_class[c] = scores[st.name].score
@@ -160,6 +165,7 @@ class GpuplacePolicy:
 
     def reset(self) -> None:
         self._verdicts.clear()
+        self.tracker = WorkloadTracker()
 
 
 class KubeBaseline:

@@ -5,7 +5,9 @@ Equivalence classes: nodes with the same inventory view and the same held units 
 filter verdict and the same score for any pod (the engine's filter and score read no CPU or
 memory), so the engine filters and scores one representative ``NodeState`` per class
 (``class_state``) instead of every node. A node moves to another class whenever a pod is placed
-on it or leaves it; classes are keyed by (view, held unit UUIDs).
+on it or leaves it; classes are keyed by (view, held unit UUIDs). When the policy scores
+fragmentation, the engine reads the node's free CPU and memory too (``NodeState.cpu_milli_free``,
+``memory_bytes_free``): they join the key, so partly used nodes then each form their own class.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, Unit, build_node_view
 from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import NVIDIA_GPU
 from simulator.model import SimNode, SimPod
 
@@ -57,6 +60,7 @@ class Cluster:
             model_ix.append(self.models.index(mid))
         self.model_of = np.array(model_ix, dtype=np.int64)
         self.held: list[dict[str, str]] = [{} for _ in self.nodes]
+        self.host_in_state = policy.scoring.fragmentation > 0
         self.allocated = 0
         self.cost_per_hour = 0.0
         self._class_ids: dict[tuple[int, frozenset[str]], int] = {}
@@ -70,14 +74,23 @@ class Cluster:
 
     # ---- classes ---------------------------------------------------------------------------------
 
+    def _host_free(self, i: int) -> tuple[int | None, int | None]:
+        """(CPU millicores, memory bytes) free on node ``i`` as the engine sees them; None: not modelled."""
+        if not self.host_in_state:
+            return None, None
+        cpu, mem = self.cpu_free[i], self.mem_free[i]
+        return (None if math.isinf(cpu) else int(cpu)), (None if math.isinf(mem) else int(mem) * MIB)
+
     def _class(self, i: int) -> int:
-        key = (id(self.views[i]), frozenset(self.held[i]))
+        host = self._host_free(i)
+        key = (id(self.views[i]), frozenset(self.held[i]), *host)
         cid = self._class_ids.get(key)
         if cid is None:
             cid = len(self._class_states)
             self._class_ids[key] = cid
             alloc = NodeAllocation(held=dict(self.held[i]))
-            self._class_states.append(NodeState(name=f"class-{cid}", view=self.views[i], allocation=alloc))
+            self._class_states.append(NodeState(name=f"class-{cid}", view=self.views[i], allocation=alloc,
+                                                cpu_milli_free=host[0], memory_bytes_free=host[1]))
             self._class_count.append(0)
         return cid
 

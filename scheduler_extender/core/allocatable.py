@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from scheduler_extender.core.devices import NodeView, allocatable_from_view
-from scheduler_extender.core.quantity import QuantityError, parse_count
+from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
 from scheduler_extender.core.requirements import _is_gpu_resource
 
 
@@ -72,3 +72,19 @@ def allocatable_contradiction(view: NodeView, allocatable: Mapping[str, int] | N
         return None
     return ("inventory claims " + "; and ".join(claims)
             + " (an inventory may report fewer devices than the device plugin, never more)")
+
+
+def host_allocatable(node: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """(CPU millicores, memory bytes) of a decoded ``v1.Node``'s ``status.allocatable``; each None
+    when absent or not a quantity (unknown, never 0)."""
+    status = (node or {}).get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(allocatable, Mapping):
+        return None, None
+    out: list[int | None] = []
+    for name, scale in (("cpu", 1000), ("memory", 1)):
+        try:
+            out.append(int(parse_quantity(allocatable[name]) * scale) if name in allocatable else None)
+        except (QuantityError, TypeError):
+            out.append(None)
+    return out[0], out[1]

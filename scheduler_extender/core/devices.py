@@ -189,12 +189,17 @@ class NodeState:
 
     ``view`` is None when the node has no usable inventory; ``inventory_error`` then says why
     (missing annotation, invalid document). The cache builds these on watch events.
+    ``cpu_milli_free`` / ``memory_bytes_free``: the Node's ``status.allocatable`` CPU / memory minus
+    the requests of the pods bound to it (what kube-scheduler's NodeResourcesFit sees); None when
+    unknown (static mode, no allocatable), never 0 for unknown.
     """
 
     name: str
     view: NodeView | None
     allocation: NodeAllocation = EMPTY_ALLOCATION
     inventory_error: str | None = None
+    cpu_milli_free: int | None = None
+    memory_bytes_free: int | None = None
 
 
 def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[str, dict[str, int | None]]:

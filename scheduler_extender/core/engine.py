@@ -22,6 +22,7 @@ from scheduler_extender.core.filter import NodeResult, filter_node, inventory_re
 from scheduler_extender.core.job import Job, resolve_job
 from scheduler_extender.core.policy import Policy, default_policy
 from scheduler_extender.core.score import NodeScore, score_nodes
+from scheduler_extender.core.workload import WorkloadProfile
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class GroupedResults:
         states: the ``NodeState`` that result was decided on, per class.
         group_of: per input node, in input order, the index of its class in ``results``.
         members: per class, the names of its nodes in input order (callers must not modify).
+        node_states: every input node's state, in input order.
         answer_key: equal for two calls with the same engine, the same ``NodeGroups`` object and
             the same ``decision_job``, whose results are then equal; None when not known (no
             ``groups`` given, or a node near the staleness limit). Callers may cache what they
@@ -71,6 +73,17 @@ class GroupedResults:
     group_of: list[int]
     members: list[list[str]]
     answer_key: Hashable | None = None
+    node_states: list[NodeState] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScoredGroups:
+    """Scores of grouped nodes: ``scores[i]`` (None: failed the filter) with the ``results[i]`` it
+    was computed from, and per input node the index ``score_of[node]`` of its score."""
+
+    scores: list[NodeScore | None]
+    results: list[NodeResult]
+    score_of: list[int]
 
 
 @dataclass(frozen=True)
@@ -225,7 +238,7 @@ class Engine:
             reps.append(hit[0])
             results.append(hit[1])
         answer_key = (self.serial, groups.serial, job_key) if groups is given and job_key is not None else None
-        return GroupedResults(results, reps, groups.group_of, groups.members, answer_key)
+        return GroupedResults(results, reps, groups.group_of, groups.members, answer_key, states)
 
     def _job_memo(self, key: Hashable | None) -> dict[int, tuple[NodeState, NodeResult]]:
         """Class verdicts already decided for the job of ``_job_key`` ``key`` (kube-scheduler asks
@@ -243,22 +256,51 @@ class Engine:
             self._memo.move_to_end(key)
         return memo
 
-    def score_grouped(self, job: Job, grouped: GroupedResults) -> list[NodeScore | None]:
-        """Scores per class of ``grouped`` (None for classes that failed the filter).
+    def score_grouped(self, job: Job, grouped: GroupedResults,
+                      workload: WorkloadProfile | None = None) -> ScoredGroups:
+        """Scores of the nodes of ``grouped``, computed once per scoring class.
 
         A node's score depends on its own state and result and on the cheapest / fastest
         placement among all candidates; a minimum over the classes equals the minimum over the
-        nodes, so each class's score is every one of its nodes' score.
+        nodes, so a class's score is every one of its nodes' score. Filter classes leave the
+        nodes' free CPU/memory out (the filter does not read them); when the ``fragmentation``
+        component can apply (a learned ``workload`` and a weight), passing classes are split by
+        them, since that component reads them, and each part is decided on one of its own nodes
+        (the component also reads which of that node's units the pod would take).
         """
-        scores = self.score(job, grouped.states, grouped.results)
-        return [scores.get(r.node) if r.passed else None for r in grouped.results]
+        if not workload or not self.policy.scoring.fragmentation:
+            scores = self.score(job, grouped.states, grouped.results, workload)
+            return ScoredGroups([scores.get(r.node) if r.passed else None for r in grouped.results],
+                                grouped.results, grouped.group_of)
+        index: dict[tuple[Any, ...], int] = {}
+        states: list[NodeState] = []
+        results: list[NodeResult] = []
+        score_of: list[int] = []
+        for s, g in zip(grouped.node_states, grouped.group_of):
+            r = grouped.results[g]
+            key = (g, s.cpu_milli_free, s.memory_bytes_free) if r.passed else (g,)
+            i = index.get(key)
+            if i is None:
+                i = index[key] = len(states)
+                if r.passed and s.name != r.node:
+                    # Its own chosen units: fragmentation reads which of the node's units remain free.
+                    r = filter_node(decision_job(job), s, self.policy, None)
+                states.append(s if r.passed else grouped.states[g])
+                results.append(r)
+            score_of.append(i)
+        scores = self.score(job, states, results, workload)
+        return ScoredGroups([scores.get(r.node) if r.passed else None for r in results], results, score_of)
 
-    def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult]) -> dict[str, NodeScore]:
+    def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
+              workload: WorkloadProfile | None = None) -> dict[str, NodeScore]:
+        """Scores of the nodes that passed; ``workload``: the learned target workload for the
+        ``fragmentation`` component (None: it does not apply)."""
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
-        return {s.node: s for s in score_nodes(job, passed, self.policy)}
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload)}
 
     def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
-               namespace_labels: Mapping[str, str] | None = None) -> Decision:
+               namespace_labels: Mapping[str, str] | None = None,
+               workload: WorkloadProfile | None = None) -> Decision:
         job = self.job(pod, namespace_labels)
         results = self.filter(job, states, now)
-        return Decision(job, results, self.score(job, states, results))
+        return Decision(job, results, self.score(job, states, results, workload))

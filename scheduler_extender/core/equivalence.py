@@ -24,7 +24,8 @@ Two ways of being equal, per resource:
 - any other resource: the key holds every unit's properties and position, the NVLink peers as
   positions, and exactly which positions are held.
 
-A field added to ``NodeState`` is part of every key automatically; a criterion that reads a new
+A field added to ``NodeState`` is part of every key automatically (except ``HOST_FIELDS``, which
+only the score reads); a criterion that reads a new
 ``Unit`` attribute must add it to ``_unit_properties`` (the equivalence tests compare every
 node's grouped decision with the direct one and fail otherwise). An unhashable value makes the
 node its own class: never a wrong merge, only a missed one.
@@ -40,7 +41,12 @@ from scheduler_extender.core.devices import NodeState, NodeView, Unit
 
 _VIEW_SIGNATURE = "_gpuplace_signature"
 _STATE_KEY = "_gpuplace_equivalence_keys"
-_OTHER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeState) if f.name not in ("name", "view", "allocation"))
+HOST_FIELDS = ("cpu_milli_free", "memory_bytes_free")
+"""Read by no filter criterion, only by the score's fragmentation component: left out of the key so
+that nodes differing only in free CPU/memory share filter verdicts; ``Engine.score_grouped``
+splits classes by them when that component applies."""
+_OTHER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeState)
+                            if f.name not in ("name", "view", "allocation", *HOST_FIELDS))
 
 
 def _unit_properties(u: Unit) -> tuple[Hashable, ...]:

@@ -9,7 +9,7 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.estimate import VramEstimate, estimate_vram
 from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
-from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod
+from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod, pod_host_requests
 from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
 
 
@@ -33,6 +33,8 @@ class Job:
     class_denied_models: frozenset[str] = frozenset()
     tenancy: TenantGrant = UNRESTRICTED
     tenant_denial: str | None = None
+    cpu_milli: int | None = None  # the pod's CPU request (millicores); None: none given
+    memory_bytes: int | None = None  # the pod's memory request; None: none given
 
     @property
     def errors(self):  # noqa: ANN201 - tuple of AnnotationError
@@ -110,8 +112,10 @@ def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog,
         # Tokens were checked against the catalog when the policy was loaded.
         return frozenset().union(*(catalog.resolve_token(t) for t in tokens))
 
+    cpu, memory = pod_host_requests(pod)
     grant = resolve_tenancy(policy.tenants, policy.default_tenant, req.namespace, namespace_labels, catalog)
     return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why,
                class_allowed_models=ids(size_class.allowed_models) if size_class.allowed_models else None,
                class_denied_models=ids(size_class.denied_models),
-               tenancy=grant, tenant_denial=tenant_denial(req, size_class, why, grant))
+               tenancy=grant, tenant_denial=tenant_denial(req, size_class, why, grant),
+               cpu_milli=cpu, memory_bytes=memory)

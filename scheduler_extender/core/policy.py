@@ -108,6 +108,9 @@ class Defaults(_Strict):
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
 
 
+FRAG_DEFAULT = 100
+
+
 class ScoringWeights(_Strict):
     """Relative weight of each score component; the score is their weighted mean, x10."""
 
@@ -118,6 +121,10 @@ class ScoringWeights(_Strict):
     nvlink: float = Field(default=1, ge=0)
     ecc: float = Field(default=1, ge=0)
     packing: float = Field(default=2, ge=0)
+    fragmentation: float = Field(
+        default=FRAG_DEFAULT, ge=0,
+        description="Keep free GPUs usable by the pods the cluster sees (FGD, Weng et al., ATC'23); applies "
+                    "when the extender has learned the workload.")
 
 
 class Policy(_Strict):

@@ -173,6 +173,35 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[Annot
     return {k: v for k, v in totals.items() if v > 0}, errors
 
 
+def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(CPU millicores, memory bytes) a pod requests, as kube-scheduler's NodeResourcesFit counts
+    them (max(sum over containers, max over init containers)); None where no container requests
+    it or a value is not a quantity (unknown, never 0)."""
+    spec = pod.get("spec") or {}
+    out: list[int | None] = []
+    for name, scale in (("cpu", 1000), ("memory", 1)):
+        total: int | None = None
+        init_max: int | None = None
+        bad = False
+        for group, combine in ((spec.get("containers"), "sum"), (spec.get("initContainers"), "max")):
+            for req in _container_requests(group):
+                if name not in req:
+                    continue
+                try:
+                    v = int(parse_quantity(req[name]) * scale)
+                except QuantityError:
+                    bad = True
+                    continue
+                if combine == "sum":
+                    total = (total or 0) + v
+                else:
+                    init_max = max(init_max or 0, v)
+        if init_max is not None:
+            total = max(total or 0, init_max)
+        out.append(None if bad else total)
+    return out[0], out[1]
+
+
 MAX_PARAMS = 1e15
 """Largest parameter count accepted (1000T; the largest published models have ~2T). Beyond it,
 e.g. '1E310' (infinite as a float), there is no VRAM estimate to make."""

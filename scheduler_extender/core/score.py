@@ -16,6 +16,17 @@ policy), x10, rounded. Components, in order of default weight:
 - ``nvlink`` / ``ecc``: ``gpuplace.io/prefer`` — the chosen GPUs are NVLink-joined / have ECC on.
 - ``packing``: fill nodes that are already partly used (kube-scheduler's MostAllocated), and
   keep a wholly free node of 8+ GPUs for a job that needs all of them.
+- ``fragmentation``: keep free GPUs usable by the pods the cluster sees: how much placing the pod
+  raises the node's expected unusable free GPUs against the learned target workload
+  (``core.workload``; Weng et al., "Beware of Fragmentation", USENIX ATC'23, "fragmentation
+  gradient descent"), relative to the best candidate (``fragmentation_values``). Placing on GPUs
+  of a model many expected pods may not use lowers it (those GPUs were fragments already), so
+  the models constrained pods need are kept for them; leaving free GPUs on a node whose CPU or
+  memory the expected pods would not find raises it. Its default weight (100 against cost 5 and
+  packing 2) makes it decide first. When it tells no candidate apart it is left out, so cost and
+  the rest order equally fragmenting nodes exactly as without it (with a constant 100 in the mean,
+  they would move a score by less than one step). Applies only when the caller passes a
+  non-empty ``WorkloadProfile``; a node's unknown (None) CPU or memory is not checked.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.workload import WorkloadProfile, free_by_model
 
 MAX_SCORE = 10
 WHOLE_NODE_GPUS = 8
@@ -65,13 +77,54 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     return min(1.0, (used_before + n) / total)
 
 
-def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy) -> list[NodeScore]:
+def _free_units(state: NodeState, resource: str) -> list[Unit]:
+    view = state.view
+    if view is None:
+        return []
+    held = state.allocation.held
+    free = [u for u in view.units(resource) if u.uuid not in held and u.healthy]
+    anonymous = state.allocation.anonymous.get(resource, 0)
+    return free[:max(0, len(free) - anonymous)]  # devices of pods no allocatedTo names: some of them
+
+
+def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:
+    """FGD's gradient for one placement: the node's expected unusable free devices after placing
+    the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
+    the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
+    both are known."""
+    resource = job.req.resource or ""
+    free = _free_units(state, resource)
+    taken = {u.uuid for u in chosen}
+    after = [u for u in free if u.uuid not in taken]
+    cpu, mem = state.cpu_milli_free, state.memory_bytes_free
+    before_f = workload.fragmentation(resource, free_by_model(free), cpu, mem)
+    cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
+    mem_after = None if mem is None else mem - (job.memory_bytes or 0)
+    return workload.fragmentation(resource, free_by_model(after), cpu_after, mem_after) - before_f
+
+
+FRAG_SCALE_GPUS = 1.0
+"""A candidate whose fragmentation increase exceeds the best candidate's by this many devices
+(or more) earns 0 on ``fragmentation``; in between, linearly."""
+
+
+def fragmentation_values(deltas: Mapping[str, float]) -> dict[str, float]:
+    """Component values from each candidate's ``fragmentation_delta``: 1 for the least increase,
+    down to 0 at ``FRAG_SCALE_GPUS`` devices more."""
+    best = min(deltas.values(), default=0.0)
+    return {k: max(0.0, 1.0 - (d - best) / FRAG_SCALE_GPUS) for k, d in deltas.items()}
+
+
+def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
+                workload: WorkloadProfile | None = None) -> list[NodeScore]:
     """Score every node that passed the filter; pods the filter left untouched score 0.
 
     Args:
         job: the resolved pod.
         passed: (node state, filter result) for nodes whose result passed, with ``chosen`` set.
         policy: weights and prices.
+        workload: the learned target workload (``core.workload``) for ``fragmentation``; None or
+            empty: the component does not apply.
 
     Returns:
         One ``NodeScore`` per input, in input order.
@@ -87,6 +140,11 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
     n = req.gpu_count
     wants_mig = job.size_class.prefer_mig or "mig" in req.prefer
     training = job.workload in ("training", "finetune-lora")
+    frag: dict[str, float] = {}
+    if workload and w.fragmentation > 0 and gpu_pods:
+        frag = fragmentation_values({r.node: fragmentation_delta(job, s, r.chosen, workload) for s, r in gpu_pods})
+        if len(set(frag.values())) == 1:
+            frag = {}  # tells no candidate apart: leave the other components their full say
 
     out: list[NodeScore] = []
     for state, result in passed:
@@ -110,6 +168,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         if "ecc" in req.prefer:
             comps["ecc"] = sum(u.ecc_enabled is True for u in units) / len(units)
         comps["packing"] = _packing(state, result, job)
+        if frag:
+            comps["fragmentation"] = frag[result.node]
         weights = {k: getattr(w, {"vramFit": "vram_fit"}.get(k, k)) for k in comps}
         total_w = sum(weights.values())
         value = sum(weights[k] * comps[k] for k in comps) / total_w if total_w else 0.0

@@ -15,6 +15,7 @@ from scheduler_extender.core.devices import NodeAllocation, NodeState, allocatio
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
+from scheduler_extender.core.workload import DemandShape, WorkloadProfile
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod, with_nvlink_clique
 
 CAT = default_catalog()
@@ -69,7 +70,7 @@ def pods():
     return out
 
 
-def assert_same_decisions(engine, states, now=None):
+def assert_same_decisions(engine, states, now=None, workload=None):
     for p in pods():
         job = engine.job(p)
         direct = engine.filter(job, states, now)
@@ -80,11 +81,11 @@ def assert_same_decisions(engine, states, now=None):
             where = f"pod {p['metadata']['name']} on {d.node} (class of {g.node})"
             assert (g.passed, g.reason, g.unresolvable, g.untouched) == (d.passed, d.reason, d.unresolvable, d.untouched), where
             assert sorted(map(_unit_properties, g.chosen)) == sorted(map(_unit_properties, d.chosen)), where
-        direct_scores = engine.score(job, states, direct)
-        class_scores = engine.score_grouped(job, grouped)
+        direct_scores = engine.score(job, states, direct, workload)
+        scored = engine.score_grouped(job, grouped, workload)
         for i, s in enumerate(states):
             d = direct_scores.get(s.name)
-            g = class_scores[grouped.group_of[i]]
+            g = scored.scores[scored.score_of[i]]
             assert (d is None) == (g is None), s.name
             if d is not None:
                 assert (g.score, dict(g.components), g.cost_per_hour) == (d.score, dict(d.components), d.cost_per_hour), (
@@ -173,3 +174,17 @@ def test_a_stale_node_asked_again_later_reports_its_new_age():
         direct = engine.filter(job, states, later)
         assert [grouped.results[g].reason for g in grouped.group_of] == [d.reason for d in direct]
     assert "observed 3660 s ago" in direct[0].reason
+
+
+def test_free_cpu_and_memory_split_classes_only_for_the_score_and_only_when_fragmentation_applies():
+    # Nodes alike but for their free CPU/memory share filter verdicts; with a learned workload the
+    # fragmentation component reads CPU/memory, and the score must still equal the direct one.
+    rng = random.Random(11)
+    base = cluster_states()
+    states = [dataclasses.replace(s, cpu_milli_free=rng.choice([None, 2000, 8000, 64000]),
+                                  memory_bytes_free=rng.choice([None, 8 * 2**30, 512 * 2**30])) for s in base]
+    grouped = Engine().filter_grouped(Engine().job(pods()[0]), states, None)
+    assert len(grouped.results) == len(Engine().filter_grouped(Engine().job(pods()[0]), base, None).results)
+    workload = WorkloadProfile(((DemandShape("nvidia.com/gpu", 1, 4000, 16 * 2**30), 1.0),
+                                (DemandShape("nvidia.com/gpu", 2, 16000, 64 * 2**30), 1.0)), version=1)
+    assert_same_decisions(Engine(), states, workload=workload)

@@ -1,0 +1,243 @@
+"""The target workload: what the pods arriving lately ask for, learned online, and how much of a
+node's free GPUs it could not use (fragmentation).
+
+Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation
+Gradient Descent" (USENIX ATC'23, section 3) measure a node's fragmentation against the *target
+workload*, the distribution of recent tasks' demands: for one task, the node's free GPUs are
+fragments when the task cannot run there (too few free GPUs, too little CPU or memory, a GPU model
+it may not use); over the workload, the fragmentation is the popularity-weighted sum. Their
+scheduler places each task where it increases that sum least ("fragmentation gradient descent").
+gpuplace hands out whole devices, so the paper's partial-GPU case does not arise: a task that fits
+leaves no fragment.
+
+- ``DemandShape``: one kind of pod (device resource and count, CPU, memory, allowed models);
+- ``WorkloadTracker``: a decayed histogram of the shapes seen (the extender feeds it the pods
+  passing through ``/filter``, the simulator the arrivals so far: never a future pod). It is mutable
+  and lives at the edge; the decision gets its immutable snapshot,
+- ``WorkloadProfile``: the snapshot, with the fragmentation measure the score reads.
+
+Pure: no I/O; the profile's memo is an internal cache of a pure function.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from scheduler_extender.core.devices import Unit
+from scheduler_extender.core.job import Job
+
+DEFAULT_HALF_LIFE_PODS = 2000
+"""Observations after which a shape's weight halves: long enough to cover the mix of a busy
+cluster's last hours, short enough to follow a shift (the FGD paper samples the target workload
+from the trace's task population; we use the recent past, since the future is unknown)."""
+
+DEFAULT_REFRESH_PODS = 50
+"""A new profile snapshot every this many observations (the memo of a snapshot stays valid
+between refreshes; a few dozen pods barely move a 2,000-pod histogram)."""
+
+DEFAULT_MAX_SHAPES = 512
+"""Shapes kept; beyond, the least weighted is dropped (bounds memory and the score's work)."""
+
+DEFAULT_MIN_PODS = 1
+"""Pods to see before the profile is used. 1: from the first pod on, the pods seen so far (the
+one being placed included) are the best guess of the workload; without a profile the score
+falls back to cost first, which is what strands GPUs early on (openb: waiting for 50 or 200
+pods allocated less at 130% load, README "Simulate before you deploy")."""
+
+_SEEN_KEYS = 10_000
+"""Pod keys remembered, so that kube-scheduler's retries of a pending pod count it once."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemandShape:
+    """One kind of pod, as far as fitting a node goes.
+
+    ``gpus``: devices of ``resource`` (``nvidia.com/gpu``, ``nvidia.com/mig-3g.40gb``, ...);
+    ``cpu_milli`` / ``memory_bytes``: requests, None when the pod gives none;
+    ``allowed_models``: catalog ids the pod may run on, None: any model; ``denied_models``:
+    catalog ids it may not run on (``exclude-gpu-models``, the class's ``deniedModels``).
+    """
+
+    resource: str
+    gpus: int
+    cpu_milli: int | None = None
+    memory_bytes: int | None = None
+    allowed_models: frozenset[str] | None = None
+    denied_models: frozenset[str] = frozenset()
+
+    def usable(self, model: str) -> bool:
+        """May this shape run on a device of catalog id ``model`` (``mig:<id>`` for a MIG device:
+        a class's model lists apply to full GPUs only, as in the filter)?"""
+        if model.startswith(MIG_KEY):
+            return True
+        return (self.allowed_models is None or model in self.allowed_models) and model not in self.denied_models
+
+
+MIG_KEY = "mig:"
+FreeByModel = tuple[tuple[str, int], ...]
+"""A node's free devices of one resource, per catalog id (``""`` for a GPU not in the catalog), sorted."""
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadProfile:
+    """An immutable snapshot of the target workload: shapes and their shares (summing to 1 per
+    resource). ``version`` identifies the snapshot (a memo of scores can key on it)."""
+
+    shapes: tuple[tuple[DemandShape, float], ...]
+    version: int = 0
+    _by_resource: dict[str, tuple[list[tuple[DemandShape, float]], list[int], list[int]]] = field(
+        default_factory=dict, init=False, repr=False)
+    _memo: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        groups: dict[str, list[tuple[DemandShape, float]]] = {}
+        for s, w in self.shapes:
+            if w > 0:
+                groups.setdefault(s.resource, []).append((s, w))
+        for resource, items in groups.items():
+            total = sum(w for _, w in items)
+            norm = [(s, w / total) for s, w in items]
+            cpus = sorted({s.cpu_milli for s, _ in norm if s.cpu_milli is not None})
+            mems = sorted({s.memory_bytes for s, _ in norm if s.memory_bytes is not None})
+            self._by_resource[resource] = (norm, cpus, mems)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_resource)
+
+    def fit_share(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
+                  memory_bytes_free: int | None) -> float:
+        """Share of the workload (of this ``resource``) that fits a node with ``free`` devices and
+        this much CPU and memory free; an unknown (None) CPU or memory is not checked. 0 to 1."""
+        group = self._by_resource.get(resource)
+        if group is None:
+            return 1.0
+        shapes, cpus, mems = group
+        # Which shapes fit depends only on where the free CPU/memory falls among the shapes' own
+        # requests: memoize on those ranks, not on the exact amounts.
+        ci = None if cpu_milli_free is None else bisect.bisect_right(cpus, cpu_milli_free)
+        mi = None if memory_bytes_free is None else bisect.bisect_right(mems, memory_bytes_free)
+        key = (resource, free, ci, mi)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        total_free = sum(n for _, n in free)
+        share = 0.0
+        for s, w in shapes:
+            if s.gpus > total_free:
+                continue
+            if ci is not None and s.cpu_milli is not None and s.cpu_milli > cpu_milli_free:  # type: ignore[operator]
+                continue
+            if mi is not None and s.memory_bytes is not None and s.memory_bytes > memory_bytes_free:  # type: ignore[operator]
+                continue
+            if (s.allowed_models is not None or s.denied_models) and sum(
+                    n for m, n in free if s.usable(m)) < s.gpus:
+                continue
+            share += w
+        if len(self._memo) > 200_000:
+            self._memo.clear()
+        self._memo[key] = share
+        return share
+
+    def fragmentation(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
+                      memory_bytes_free: int | None) -> float:
+        """Expected free devices the workload cannot use on such a node (FGD's F_n(M)): free devices
+        x share of the workload that does not fit. 0 to the node's free device count."""
+        total_free = sum(n for _, n in free)
+        if total_free == 0:
+            return 0.0
+        return total_free * (1.0 - self.fit_share(resource, free, cpu_milli_free, memory_bytes_free))
+
+
+EMPTY_PROFILE = WorkloadProfile(())
+
+
+class WorkloadTracker:
+    """Decayed histogram of the pods seen; ``profile()`` gives its current snapshot.
+
+    Each observation weighs 2^(1/half_life) times the one before (equivalently, older ones decay),
+    so a shape's share halves every ``half_life_pods`` observations it does not recur in. Not
+    thread-safe: the caller serializes ``observe`` (the extender holds a lock).
+    """
+
+    def __init__(self, half_life_pods: int = DEFAULT_HALF_LIFE_PODS, refresh_pods: int = DEFAULT_REFRESH_PODS,
+                 max_shapes: int = DEFAULT_MAX_SHAPES, min_pods: int = DEFAULT_MIN_PODS) -> None:
+        if half_life_pods < 1 or refresh_pods < 1 or max_shapes < 1 or min_pods < 1:
+            raise ValueError("half_life_pods, refresh_pods, max_shapes and min_pods must be at least 1")
+        self._min = min_pods
+        self._count = 0
+        self._seen: dict[str, None] = {}
+        self._growth = 2.0 ** (1.0 / half_life_pods)
+        self._scale = 1.0
+        self._refresh = refresh_pods
+        self._max = max_shapes
+        self._weights: dict[DemandShape, float] = {}
+        self._since = 0
+        self._version = 0
+        self._profile = EMPTY_PROFILE
+
+    def observe(self, shape: DemandShape, key: str | None = None) -> None:
+        """Count one pod (the newest); a ``key`` (pod UID) seen lately is not counted again."""
+        if key is not None:
+            if key in self._seen:
+                return
+            self._seen[key] = None
+            if len(self._seen) > _SEEN_KEYS:
+                del self._seen[next(iter(self._seen))]
+        self._count += 1
+        self._scale *= self._growth
+        if self._scale > 1e12:  # renormalize before floats overflow
+            self._weights = {s: w / self._scale for s, w in self._weights.items()}
+            self._scale = 1.0
+        self._weights[shape] = self._weights.get(shape, 0.0) + self._scale
+        if len(self._weights) > self._max:
+            del self._weights[min(self._weights, key=self._weights.__getitem__)]
+        self._since += 1
+        if self._count >= self._min and (self._profile is EMPTY_PROFILE or self._since >= self._refresh):
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        self._since = 0
+        self._version += 1
+        self._profile = WorkloadProfile(tuple(sorted(self._weights.items(), key=_shape_key)), self._version)
+
+    def profile(self) -> WorkloadProfile:
+        """The latest snapshot (empty until ``min_pods`` pods were seen)."""
+        return self._profile
+
+
+def _shape_key(item: tuple[DemandShape, float]) -> tuple:
+    s = item[0]
+    return (s.resource, s.gpus, s.cpu_milli or 0, s.memory_bytes or 0, sorted(s.allowed_models or ()),
+            sorted(s.denied_models))
+
+
+def free_by_model(units: Iterable[Unit]) -> FreeByModel:
+    """``FreeByModel`` of a list of units: catalog id (``""`` when not in the catalog), prefixed
+    with ``mig:`` for MIG devices."""
+    c: Counter[str] = Counter((MIG_KEY if u.kind == "mig" else "") + (u.entry.id if u.entry is not None else "")
+                              for u in units)
+    return tuple(sorted(c.items()))
+
+
+def profile_of(shapes: Mapping[DemandShape, float], version: int = 0) -> WorkloadProfile:
+    """A profile from explicit weights (tests, a platform team's declared mix)."""
+    return WorkloadProfile(tuple(sorted(shapes.items(), key=_shape_key)), version)
+
+
+def demand_shape(job: Job) -> DemandShape | None:
+    """The shape of a resolved pod, for the tracker; None for a pod without a GPU request or with
+    annotation errors (the filter rejects it everywhere). Allowed models: the pod's
+    ``gpu-models`` and its class's ``allowedModels`` (both when both are set); denied: its
+    ``exclude-gpu-models`` and the class's ``deniedModels``."""
+    req = job.req
+    if req.resource is None or req.gpu_count < 1 or req.errors:
+        return None
+    allowed = req.allowed_models
+    if job.class_allowed_models is not None:
+        allowed = job.class_allowed_models if allowed is None else allowed & job.class_allowed_models
+    return DemandShape(resource=req.resource, gpus=req.gpu_count, cpu_milli=job.cpu_milli,
+                       memory_bytes=job.memory_bytes, allowed_models=allowed,
+                       denied_models=req.excluded_models | job.class_denied_models)

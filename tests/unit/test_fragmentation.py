@@ -1,0 +1,229 @@
+"""The fragmentation score component and the learned target workload (table-driven scenarios)."""
+
+import json
+
+import pytest
+
+from node_agent.inventory import parse_inventory
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.requirements import pod_host_requests
+from scheduler_extender.core.score import fragmentation_delta
+from scheduler_extender.core.workload import (
+    DemandShape, WorkloadTracker, demand_shape, profile_of,
+)
+from scheduler_extender.server import ExtenderService
+from scheduler_extender.sources import StaticSource
+from scheduler_extender.wire import parse_extender_args
+from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod
+
+CAT = default_catalog()
+ENGINE = Engine()
+GIB = 2**30
+T4 = dict(name="Tesla T4", memory_mib=15360)
+A10 = dict(name="NVIDIA A10", memory_mib=23028)
+GPU = "nvidia.com/gpu"
+
+
+def node(name, spec, n, *, held=0, cpu=None, mem_gib=None):
+    inv = parse_inventory(inventory(name, [gpu(i, **spec) for i in range(n)]))
+    view = build_node_view(inv, CAT)
+    alloc = NodeAllocation(held={u.uuid: "default/other" for u in view.units(GPU)[:held]})
+    return NodeState(name, view, alloc, cpu_milli_free=cpu,
+                     memory_bytes_free=None if mem_gib is None else mem_gib * GIB)
+
+
+def host_pod(gpus=1, cpu="4", memory="16Gi", annotations=None):
+    p = pod(annotations, gpus=gpus)
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    return p
+
+
+def decide(p, states, workload):
+    job = ENGINE.job(p)
+    results = ENGINE.filter(job, states, None)
+    return job, results, ENGINE.score(job, states, results, workload)
+
+
+UNCONSTRAINED = DemandShape(GPU, 1, 4000, 16 * GIB)
+T4_ONLY = DemandShape(GPU, 1, 4000, 16 * GIB, allowed_models=frozenset({"t4"}))
+BIG_HOST = DemandShape(GPU, 1, 16000, 64 * GIB)
+
+
+@pytest.mark.parametrize("scenario, mix, nodes, expected_best", [
+    # (a) an unconstrained pod leaves the model that constrained pods need to them
+    ("t4 kept for t4-only pods", {UNCONSTRAINED: 1, T4_ONLY: 3},
+     [node("t4", T4, 2), node("a10", A10, 2)], "a10"),
+    # (b) a node whose CPU runs out while its GPUs are still free strands them
+    ("cpu would run out before gpus", {BIG_HOST: 1},
+     [node("tight", A10, 2, cpu=18000, mem_gib=256), node("roomy", A10, 2, cpu=64000, mem_gib=256)], "roomy"),
+    ("memory would run out before gpus", {BIG_HOST: 1},
+     [node("tight", A10, 2, cpu=64000, mem_gib=70), node("roomy", A10, 2, cpu=64000, mem_gib=256)], "roomy"),
+    # the last free GPU of a half-used node first: breaking a free pair strands a GPU for 2-GPU pods
+    ("keep free pairs for 2-gpu pods", {UNCONSTRAINED: 1, DemandShape(GPU, 2, 4000, 16 * GIB): 1},
+     [node("half", A10, 2, held=1, cpu=64000, mem_gib=256), node("empty", A10, 2, cpu=64000, mem_gib=256)], "half"),
+])
+def test_fragmentation_prefers_the_node_whose_free_gpus_stay_usable(scenario, mix, nodes, expected_best):
+    _, results, scores = decide(host_pod(), nodes, profile_of(mix))
+    assert all(r.passed for r in results), scenario
+    frag = {n: s.components["fragmentation"] for n, s in scores.items()}
+    assert frag[expected_best] == 1.0, (scenario, frag)
+    assert all(v < 1.0 for n, v in frag.items() if n != expected_best), (scenario, frag)
+
+
+def test_equally_fragmenting_nodes_are_scored_as_without_the_component_so_cost_picks_the_cheaper():
+    mix = {UNCONSTRAINED: 1}
+    states = [node("a10", A10, 2, cpu=64000, mem_gib=256), node("t4", T4, 2, cpu=64000, mem_gib=256)]
+    _, _, scores = decide(host_pod(), states, profile_of(mix))
+    _, _, plain = decide(host_pod(), states, None)
+    assert all("fragmentation" not in s.components for s in scores.values())
+    assert {n: s.score for n, s in scores.items()} == {n: s.score for n, s in plain.items()}
+    assert scores["t4"].score > scores["a10"].score  # T4 is the cheaper GPU
+
+
+@pytest.mark.parametrize("workload", [None, profile_of({})])
+def test_without_a_learned_workload_the_component_does_not_apply(workload):
+    states = [node("t4", T4, 2, cpu=64000, mem_gib=256)]
+    _, _, scores = decide(host_pod(), states, workload)
+    assert "fragmentation" not in scores["t4"].components
+
+
+def test_unknown_cpu_and_memory_are_not_checked_never_taken_as_zero():
+    job = ENGINE.job(host_pod())
+    state = node("unknown-host", A10, 2)  # cpu/memory None
+    chosen = ENGINE.filter(job, [state], None)[0].chosen
+    # BIG_HOST fits a node of unknown CPU/memory with one GPU left: no fragment is made.
+    assert fragmentation_delta(job, state, chosen, profile_of({BIG_HOST: 1})) == 0.0
+    known = node("known-host", A10, 2, cpu=16000, mem_gib=256)
+    chosen = ENGINE.filter(job, [known], None)[0].chosen
+    # 12 cores left < 16 requested: the GPU left free becomes a fragment.
+    assert fragmentation_delta(job, known, chosen, profile_of({BIG_HOST: 1})) == 1.0
+
+
+@pytest.mark.parametrize("mix, free_left, expected", [
+    ({UNCONSTRAINED: 1}, 1, 0.0),                    # the next pod fits: no fragment
+    ({T4_ONLY: 1}, 1, -1.0),                         # A10s were all fragments to T4-only pods; one fewer
+    ({DemandShape(GPU, 2, 1000, GIB): 1}, 1, 1.0),   # a 2-GPU mix cannot use the one GPU left
+])
+def test_fragmentation_delta_is_the_change_in_expected_unusable_gpus(mix, free_left, expected):
+    job = ENGINE.job(host_pod())
+    state = node("a10", A10, free_left + 1, cpu=64000, mem_gib=256)
+    chosen = ENGINE.filter(job, [state], None)[0].chosen
+    assert fragmentation_delta(job, state, chosen, profile_of(mix)) == pytest.approx(expected)
+
+
+def test_tracker_learns_shares_from_what_it_saw_and_forgets_old_pods():
+    tracker = WorkloadTracker(half_life_pods=10, refresh_pods=1, min_pods=1)
+    assert not tracker.profile()
+    for _ in range(30):
+        tracker.observe(T4_ONLY)
+    for _ in range(30):
+        tracker.observe(UNCONSTRAINED)
+    shares = dict(tracker.profile().shapes)
+    total = sum(shares.values())
+    # 30 newer pods at a 10-pod half-life outweigh 30 older ones 2^3 : 1
+    assert shares[UNCONSTRAINED] / total == pytest.approx(8 / 9, rel=0.01)
+    assert tracker.profile().version == 60
+
+
+def test_tracker_waits_for_enough_pods_and_counts_a_retried_pod_once():
+    tracker = WorkloadTracker(min_pods=3, refresh_pods=1)
+    for _ in range(5):
+        tracker.observe(T4_ONLY, key="uid-1")  # kube-scheduler retrying one pending pod
+    tracker.observe(UNCONSTRAINED, key="uid-2")
+    assert not tracker.profile()
+    tracker.observe(UNCONSTRAINED, key="uid-3")
+    assert {s for s, _ in tracker.profile().shapes} == {T4_ONLY, UNCONSTRAINED}
+
+
+def test_tracker_refreshes_its_snapshot_every_n_pods_and_keeps_it_immutable_between():
+    tracker = WorkloadTracker(refresh_pods=5, min_pods=1)
+    tracker.observe(UNCONSTRAINED)
+    first = tracker.profile()
+    for _ in range(3):
+        tracker.observe(T4_ONLY)
+    assert tracker.profile() is first and [s for s, _ in first.shapes] == [UNCONSTRAINED]
+    tracker.observe(T4_ONLY)
+    tracker.observe(T4_ONLY)
+    assert tracker.profile() is not first and T4_ONLY in dict(tracker.profile().shapes)
+
+
+def test_demand_shape_carries_the_pods_models_and_host_requests():
+    job = ENGINE.job(host_pod(annotations={"gpuplace.io/gpu-models": "T4"}, cpu="1500m", memory="2Gi"))
+    shape = demand_shape(job)
+    assert shape == DemandShape(GPU, 1, 1500, 2 * GIB, frozenset({"t4"}), shape.denied_models)
+    assert demand_shape(ENGINE.job(pod(gpus=None))) is None
+
+
+@pytest.mark.parametrize("containers, init, expected", [
+    ([{"cpu": "500m", "memory": "1Gi"}, {"cpu": "1", "memory": "512Mi"}], [], (1500, 1536 * 2**20)),
+    ([{"cpu": "500m"}], [{"cpu": "2", "memory": "1Gi"}], (2000, 2**30)),
+    ([{}], [], (None, None)),
+])
+def test_pod_host_requests_count_like_node_resources_fit(containers, init, expected):
+    p = {"spec": {"containers": [{"name": f"c{i}", "resources": {"requests": r}} for i, r in enumerate(containers)],
+                  "initContainers": [{"name": f"i{i}", "resources": {"requests": r}} for i, r in enumerate(init)]}}
+    assert pod_host_requests(p) == expected
+
+
+def _node_obj(name, cpu="64", memory="256Gi"):
+    return {"metadata": {"name": name, "annotations": {"gpuplace.io/inventory": json.dumps(example_inventory(name))}},
+            "status": {"allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": "4"}}}
+
+
+def _bound(name, node, cpu, memory, gpus=None, phase="Running"):
+    p = host_pod(cpu=cpu, memory=memory) if gpus else pod(None, gpus=None, name=name)
+    p["metadata"]["name"] = name
+    p["metadata"]["uid"] = f"uid-{name}"
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": phase}
+    return p
+
+
+def test_cache_gives_allocatable_minus_every_bound_pods_requests_gpu_or_not():
+    c = ClusterCache(CAT)
+    c.replace_nodes([_node_obj("gpu-4090-0")])
+    c.replace_pods([_bound("gpu-pod", "gpu-4090-0", "8", "32Gi", gpus=1), _bound("sidecar", "gpu-4090-0", "500m", "1Gi")])
+    st = c.state("gpu-4090-0")
+    assert (st.cpu_milli_free, st.memory_bytes_free) == (64000 - 8500, (256 - 33) * GIB)
+    c.apply_pod_event("MODIFIED", _bound("sidecar", "gpu-4090-0", "500m", "1Gi", phase="Succeeded"))
+    assert c.state("gpu-4090-0").cpu_milli_free == 64000 - 8000
+    c.apply_node_event("MODIFIED", _node_obj("gpu-4090-0", cpu="32"))
+    assert c.state("gpu-4090-0").cpu_milli_free == 32000 - 8000
+
+
+def test_cache_leaves_cpu_and_memory_unknown_without_allocatable():
+    c = ClusterCache(CAT)
+    obj = _node_obj("gpu-4090-0")
+    del obj["status"]
+    c.replace_nodes([obj])
+    c.replace_pods([_bound("gpu-pod", "gpu-4090-0", "8", "32Gi", gpus=1)])
+    st = c.state("gpu-4090-0")
+    assert (st.cpu_milli_free, st.memory_bytes_free) == (None, None)
+
+
+def test_extender_learns_the_workload_from_the_pods_filter_sees_and_steers_by_it():
+    service = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", CAT))
+    nodes = ["gpu-4090-0", "gpu-a6000-0"]
+
+    def args(i):
+        p = pod({"gpuplace.io/gpu-models": "RTX-4090"} if i % 2 else {}, name=f"p{i}")
+        return parse_extender_args(json.dumps({"Pod": p, "NodeNames": nodes}).encode())
+
+    assert not service.workload_profile()
+    service.filter(args(0))
+    service.filter(args(0))  # a retry of the same pod: counted once
+    first = service.workload_profile()
+    assert len(first.shapes) == 1
+    for i in range(1, 200):
+        service.filter(args(i))
+    assert len(service.workload_profile().shapes) == 2
+    scores = {s["Host"]: s["Score"] for s in service.prioritize(args(0))}
+    # Half the pods seen may only use RTX 4090s: an unconstrained pod is steered to the A6000,
+    # where cost alone would pick the cheaper 4090.
+    assert scores["gpu-a6000-0"] > scores["gpu-4090-0"]
+    plain = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", CAT)).prioritize(args(0))
+    assert {s["Host"]: s["Score"] for s in plain}["gpu-4090-0"] > {s["Host"]: s["Score"] for s in plain}["gpu-a6000-0"]
