@@ -39,6 +39,9 @@ from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extend
 
 log = logging.getLogger(__name__)
 
+MAX_JOBS = 256
+"""Resolved pods remembered (by uid and resourceVersion) between their filter and prioritize calls."""
+
 MAX_ANSWERS = 64
 """Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
 
@@ -84,6 +87,8 @@ class ExtenderService:
         self._node_list_lock = threading.Lock()
         self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
         self._answers_lock = threading.Lock()
+        self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
+        self._jobs_lock = threading.Lock()
         # The target workload for the fragmentation score, learned from the pods /filter sees.
         self.workload = WorkloadTracker()
         self._workload_lock = threading.Lock()
@@ -106,7 +111,7 @@ class ExtenderService:
         """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
-        job = engine.job(args.Pod, self.namespace_labels_of(args.Pod))
+        job = self._job(engine, args.Pod)
         if args.Nodes is None:
             states, groups = self._named_states(names, job.req.resource)
         else:
@@ -160,6 +165,27 @@ class ExtenderService:
             if groups is None:
                 groups = memo.groups[(resource, shift)] = group_nodes(states, keys[shift:] + keys[:shift])
             return states, groups
+
+    def _job(self, engine: Engine, pod: Any) -> Job:
+        """``engine.job`` for ``pod``, remembered per pod version: kube-scheduler sends the same pod
+        to filter and then to prioritize. A pod without ``uid`` and ``resourceVersion`` is resolved
+        every time."""
+        labels = self.namespace_labels_of(pod)
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if not (isinstance(uid, str) and isinstance(version, str) and uid and version):
+            return engine.job(pod, labels)
+        key = (engine.serial, uid, version, frozenset(labels.items()) if labels is not None else None)
+        with self._jobs_lock:
+            job = self._jobs.get(key)
+        if job is None:
+            job = engine.job(pod, labels)
+            with self._jobs_lock:
+                self._jobs[key] = job
+                if len(self._jobs) > MAX_JOBS:
+                    self._jobs.popitem(last=False)
+        return job
 
     def namespace_labels_of(self, pod: Any) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""

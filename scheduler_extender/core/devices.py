@@ -112,6 +112,7 @@ class NodeView:
     inventory: NodeGPUInventory
     units_by_resource: Mapping[str, tuple[Unit, ...]]
     description: str = field(default="")
+    observed_ts: float = field(default=0.0)  # inventory.observedAt as POSIX seconds: cheap to compare
 
     def units(self, resource: str) -> tuple[Unit, ...]:
         return self.units_by_resource.get(resource, ())
@@ -150,6 +151,7 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
         inventory=inventory,
         units_by_resource={k: tuple(v) for k, v in by_resource.items()},
         description=desc,
+        observed_ts=inventory.observed_at.timestamp(),
     )
 
 

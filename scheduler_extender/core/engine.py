@@ -99,15 +99,15 @@ class NodeGroups:
         representatives: per class, the state of its first node.
         group_of: per node, in input order, the index of its class.
         members: per class, the names of its nodes in input order.
-        oldest_observed_at: the oldest inventory ``observedAt`` among the nodes (None: none has
-            an inventory): when it is recent enough, no node can be stale.
+        oldest_observed_ts: the oldest inventory ``observedAt`` among the nodes, POSIX seconds
+            (None: none has an inventory): when it is recent enough, no node can be stale.
     """
 
     class_keys: list[int]
     representatives: list[NodeState]
     group_of: list[int]
     members: list[list[str]]
-    oldest_observed_at: dt.datetime | None
+    oldest_observed_ts: float | None
     serial: int = dataclasses.field(default_factory=lambda: next(_SERIALS))
 
 
@@ -125,7 +125,8 @@ def group_nodes(states: Sequence[NodeState], keys: Sequence[int]) -> NodeGroups:
     members: list[list[str]] = [[] for _ in index]
     for s, g in zip(states, group_of):
         members[g].append(s.name)
-    oldest = min((s.view.inventory.observed_at for s in states if s.view is not None), default=None)
+    # Floats, not the inventories' aware datetimes: comparing those calls their tzinfo each time.
+    oldest = min([s.view.observed_ts for s in states if s.view is not None], default=None)
     return NodeGroups(list(index), [first[k] for k in index], group_of, members, oldest)
 
 
@@ -161,7 +162,15 @@ def decision_job(job: Job) -> Job:
     """
     if not job.req.name:
         return job
-    return dataclasses.replace(job, req=dataclasses.replace(job.req, name=""))
+    cached = job.__dict__.get(_DECISION)
+    if cached is None:
+        # frozen dataclass: cache beside the fields, as functools.cached_property does
+        cached = job.__dict__[_DECISION] = dataclasses.replace(job, req=dataclasses.replace(job.req, name=""))
+    return cached
+
+
+_DECISION = "_gpuplace_decision_job"
+_KEY = "_gpuplace_job_key"
 
 
 def _job_key(job: Job) -> Hashable | None:
@@ -171,9 +180,13 @@ def _job_key(job: Job) -> Hashable | None:
     one of the policy's classes, whose names are unique, so its name stands for it. Any other
     unhashable field falls back to ``frozen_value``.
     """
+    cached = job.__dict__.get(_KEY)
+    if cached is not None:
+        return cached
     try:
         key: Hashable = (dataclasses.replace(job, size_class=None), job.size_class.name)
         hash(key)
+        job.__dict__[_KEY] = key  # frozen dataclass: cache beside the fields
         return key
     except TypeError:
         pass
@@ -215,13 +228,13 @@ class Engine:
         given = groups
         if groups is None:
             groups = group_nodes(states, state_keys(states, job.req.resource) if keys is None else list(keys))
-        if (now is not None and policy.inventory.on_stale == "reject" and groups.oldest_observed_at is not None
-                and groups.oldest_observed_at < now - dt.timedelta(seconds=policy.inventory.stale_after_seconds - 1)):
+        suspect = now.timestamp() - (policy.inventory.stale_after_seconds - 1) if now is not None else None
+        if (suspect is not None and policy.inventory.on_stale == "reject" and groups.oldest_observed_ts is not None
+                and groups.oldest_observed_ts < suspect):
             # Some node is near the limit: the exact check (and its message) for the nodes there;
             # a stale node is a class of its own (its reason names its own age; class numbers are >= 0).
-            suspect = now - dt.timedelta(seconds=policy.inventory.stale_after_seconds - 1)
             class_keys = groups.class_keys
-            own = [class_keys[g] if (s.view is None or s.view.inventory.observed_at >= suspect
+            own = [class_keys[g] if (s.view is None or s.view.observed_ts >= suspect
                                      or inventory_rejection(s, policy, now) is None) else -1 - i
                    for i, (s, g) in enumerate(zip(states, groups.group_of))]
             groups = group_nodes(states, own)
@@ -268,7 +281,8 @@ class Engine:
         them, since that component reads them, and each part is decided on one of its own nodes
         (the component also reads which of that node's units the pod would take).
         """
-        if not workload or not self.policy.scoring.fragmentation:
+        if (not workload or not self.policy.scoring.fragmentation
+                or all(s.cpu_milli_free is None and s.memory_bytes_free is None for s in grouped.node_states)):
             scores = self.score(job, grouped.states, grouped.results, workload)
             return ScoredGroups([scores.get(r.node) if r.passed else None for r in grouped.results],
                                 grouped.results, grouped.group_of)

@@ -38,7 +38,7 @@ from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.workload import WorkloadProfile, free_by_model
+from scheduler_extender.core.workload import FreeByModel, WorkloadProfile, free_by_model, free_by_model_minus
 
 MAX_SCORE = 10
 WHOLE_NODE_GPUS = 8
@@ -93,14 +93,28 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
     the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
     both are known."""
     resource = job.req.resource or ""
-    free = _free_units(state, resource)
-    taken = {u.uuid for u in chosen}
-    after = [u for u in free if u.uuid not in taken]
+    free_uuids, before = _free_models(state, resource)
+    taken = [u for u in chosen if u.uuid in free_uuids]
+    after = free_by_model_minus(before, taken) if taken else before
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
-    before_f = workload.fragmentation(resource, free_by_model(free), cpu, mem)
+    before_f = workload.fragmentation(resource, before, cpu, mem)
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
-    return workload.fragmentation(resource, free_by_model(after), cpu_after, mem_after) - before_f
+    return workload.fragmentation(resource, after, cpu_after, mem_after) - before_f
+
+
+_FREE_MODELS = "_gpuplace_free_models"
+
+
+def _free_models(state: NodeState, resource: str) -> tuple[frozenset[str], FreeByModel]:
+    """The UUIDs and the ``free_by_model`` of ``_free_units``, computed once per state and resource
+    (states are immutable and rebuilt on every change; cached beside the fields)."""
+    cache = state.__dict__.setdefault(_FREE_MODELS, {})
+    hit = cache.get(resource)
+    if hit is None:
+        free = _free_units(state, resource)
+        hit = cache[resource] = (frozenset(u.uuid for u in free), free_by_model(free))
+    return hit
 
 
 FRAG_SCALE_GPUS = 1.0

@@ -222,6 +222,13 @@ def free_by_model(units: Iterable[Unit]) -> FreeByModel:
     return tuple(sorted(c.items()))
 
 
+def free_by_model_minus(free: FreeByModel, taken: Iterable[Unit]) -> FreeByModel:
+    """``free`` with ``taken`` (units counted in it) removed: ``free_by_model`` of the difference."""
+    c = Counter(dict(free))
+    c.subtract(dict(free_by_model(taken)))
+    return tuple(sorted((k, n) for k, n in c.items() if n > 0))
+
+
 def profile_of(shapes: Mapping[DemandShape, float], version: int = 0) -> WorkloadProfile:
     """A profile from explicit weights (tests, a platform team's declared mix)."""
     return WorkloadProfile(tuple(sorted(shapes.items(), key=_shape_key)), version)
