@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -48,3 +55,32 @@ def with_nvlink_clique(gpus: list[dict[str, Any]], links: int = 12) -> list[dict
     for g in out:
         g["nvlinks"] = [{"peerUuid": o["uuid"], "links": links} for o in out if o["uuid"] != g["uuid"]]
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def static_extender(*extra_args: str, inventory_dir: Path = EXAMPLES / "cluster") -> Iterator[str]:
+    """The real ``gpuplace-extender`` console script in static mode on a free loopback port; yields
+    its base URL once ``/readyz`` answers, stops it with SIGTERM afterwards."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(inventory_dir),
+                             "--host", "127.0.0.1", "--port", str(port), *extra_args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)

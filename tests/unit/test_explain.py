@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import yaml
 
-from tests.factories import EXAMPLES, ROOT
-from tests.unit.test_server import _free_port
+from tests.factories import EXAMPLES, ROOT, free_port, static_extender
 
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
 
@@ -59,7 +56,7 @@ def test_explain_reports_an_unreachable_kubeconfig_without_a_traceback(tmp_path)
     cfg = tmp_path / "kubeconfig"
     cfg.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{_free_port()}"}}],
+        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
         "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}], "users": [{"name": "x", "user": {}}]}))
     out = explain(str(EXAMPLES / "pods" / "02-llm-7b-lora.yaml"), "--kubeconfig", str(cfg))
     assert out.returncode == 2 and "cannot read the cluster from --kubeconfig" in out.stderr
@@ -67,36 +64,21 @@ def test_explain_reports_an_unreachable_kubeconfig_without_a_traceback(tmp_path)
 
 
 def test_the_extender_serves_explain_for_a_pod_object_and_refuses_anything_else():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(EXAMPLES / "cluster"),
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
-                time.sleep(0.1)
+    with static_extender() as url:
         pod = yaml.safe_load((EXAMPLES / "pods" / "03-llm-13b-inference.yaml").read_text())
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/explain", data=json.dumps(pod).encode(), method="POST")
+        req = urllib.request.Request(f"{url}/explain", data=json.dumps(pod).encode(), method="POST")
         doc = json.loads(urllib.request.urlopen(req, timeout=5).read())
         assert doc["bestNode"] == "gpu-a6000-0"
         assert doc["vramPerGpu"]["summary"].startswith("13B inference")
         verdicts = {n["node"]: n["verdict"] for n in doc["nodes"]}
         assert verdicts["gpu-4090-0"] == "fail" and verdicts["gpu-a6000-0"] == "pass"
         assert set(verdicts) == set(NODES)
-        bad = urllib.request.Request(f"http://127.0.0.1:{port}/explain", data=b'{"Pod": 1}', method="POST")
+        bad = urllib.request.Request(f"{url}/explain", data=b'{"Pod": 1}', method="POST")
         try:
             urllib.request.urlopen(bad, timeout=5)
             raise AssertionError("expected HTTP 400")
         except urllib.error.HTTPError as e:
             assert e.code == 400 and "expected a Pod object" in json.loads(e.read())["Error"]
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
         assert 'gpuplace_extender_requests_total{code="200",verb="explain"} 1.0' in metrics
         assert 'gpuplace_extender_requests_total{code="400",verb="explain"} 1.0' in metrics
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)

@@ -1,11 +1,9 @@
 """The extender's HTTP API: wire format against upstream encodings, acceptance scenarios, bad input."""
 
 import json
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -15,7 +13,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.server import ExtenderService, create_app
 from scheduler_extender.sources import StaticSource
-from tests.factories import EXAMPLES, ROOT, pod
+from tests.factories import EXAMPLES, ROOT, free_port, pod, static_extender
 
 WIRE = ROOT / "tests" / "fixtures" / "wire"
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
@@ -175,34 +173,19 @@ def test_a_malformed_annotation_fails_every_node_with_the_fix(client):
 
 # ---- the real console script ---------------------------------------------------------------------
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def test_gpuplace_extender_serves_hand_written_extender_args_in_static_mode():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(EXAMPLES / "cluster"),
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()
-                time.sleep(0.1)
+    with static_extender() as url:
         body = json.dumps({"Pod": pod(LLM_13B), "NodeNames": ["gpu-4090-0", "gpu-a6000-0"]}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body, method="POST")
+        req = urllib.request.Request(f"{url}/filter", data=body, method="POST")
         got = json.loads(urllib.request.urlopen(req, timeout=5).read())
         assert got["NodeNames"] == ["gpu-a6000-0"]
         assert "VRAM" in got["FailedAndUnresolvableNodes"]["gpu-4090-0"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
 
 
 def test_an_invalid_policy_stops_start_up_with_the_field_path(tmp_path):
