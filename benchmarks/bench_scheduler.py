@@ -41,13 +41,16 @@ from kubernetes import client as k8s
 from kubernetes.watch.watch import iter_resp_lines
 
 from benchmarks.cluster import generate_cluster, generate_pods
-from benchmarks.common import describe_machine, load_average, machine, peak_rss_mib, write_results
+from benchmarks.common import (
+    describe_machine, free_port, load_average, machine, peak_rss_mib, python, start_server, stop_server, write_results,
+)
 from node_agent.inventory import ANNOTATION
 from tests.harness.controlplane import ControlPlane, ExtenderSpec, SchedulerSpec, create_node
 from tests.harness.gpucluster import node_allocatable, start_extender
 
 PLAIN = "bench-plain-scheduler"
 GPUPLACE = "gpuplace-scheduler"
+FLOOR = "bench-floor-scheduler"
 
 
 def create_nodes(cp: ControlPlane, docs: list[dict[str, Any]], workers: int) -> float:
@@ -185,13 +188,34 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             cp.stop_scheduler(GPUPLACE)
         finally:
             extender.stop()
+        if args.floor:
+            # The same pods through the floor server (benchmarks/refserver.py): what any Python
+            # extender on this stack costs kube-scheduler before it decides anything.
+            delete_pods(cp, "bench-gpuplace")
+            port = free_port()
+            floor = start_server([python(), "-m", "benchmarks.refserver", "--port", str(port)], port,
+                                 cp.logs / "refserver.log")
+            try:
+                create_pods(cp, pods, "bench-floor", FLOOR, args.workers)
+                watch = BindingWatch(cp, "bench-floor")
+                cp.add_scheduler(SchedulerSpec(name=FLOOR, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"),
+                                               **spec_kw))
+                out["with_floor_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+                cp.stop_scheduler(FLOOR)
+            finally:
+                stop_server(floor)
     a, b = out["without_extender"]["pods_per_s"], out["with_extender"]["pods_per_s"]
     out["ratio"] = (b / a) if a and b else None
     out["load_average_end"] = load_average()
     w, e = out["without_extender"], out["with_extender"]
+    floor_text = ""
+    if "with_floor_extender" in out:
+        f = out["with_floor_extender"]["pods_per_s"]
+        out["floor_ratio"] = (f / a) if a and f else None
+        floor_text = f", with the floor extender {_rate(f)} = {out['floor_ratio'] * 100 if out['floor_ratio'] else float('nan'):.0f}%"
     print(f"  {nodes:>6} nodes {args.pods} pods: without extender {_rate(a)} ({w['bound']} bound), "
           f"with gpuplace {_rate(b)} ({e['bound']} bound), "
-          f"ratio {out['ratio'] * 100 if out['ratio'] else float('nan'):.0f}%  "
+          f"ratio {out['ratio'] * 100 if out['ratio'] else float('nan'):.0f}%{floor_text}  "
           f"(nodes created in {out['node_create_s']:.0f} s; extender peak RSS {out['extender_peak_rss_mib']:.0f} MiB; "
           f"load {out['load_average_start']} -> {out['load_average_end']})", flush=True)
     return out
@@ -224,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--settle", type=float, default=10, help="stop waiting after this many seconds without a binding")
     p.add_argument("--timeout", type=float, default=300, help="longest wait for one run, seconds")
     p.add_argument("--out", type=Path, help="JSON results file (default benchmarks/results/scheduler.json)")
+    p.add_argument("--floor", action="store_true",
+                   help="also run the same pods through the floor server (benchmarks/refserver.py) as the extender: "
+                        "the throughput any Python extender on this HTTP stack leaves kube-scheduler")
     p.add_argument("--profile", type=Path, metavar="DIR", help="record a py-spy profile of the extender into DIR")
     p.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph",
                    help="py-spy output: an SVG flame graph or collapsed stacks as text (default flamegraph)")

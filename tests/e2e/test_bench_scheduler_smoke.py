@@ -10,9 +10,10 @@ from benchmarks import bench_scheduler
 pytestmark = pytest.mark.e2e
 
 
-def test_scheduler_benchmark_binds_pods_with_and_without_the_extender(control_plane, tmp_path):
+def test_scheduler_benchmark_binds_pods_with_and_without_the_extender_and_through_the_floor(control_plane, tmp_path):
     out = tmp_path / "scheduler.json"
-    bench_scheduler.main(["--sizes", "20", "--pods", "12", "--settle", "5", "--out", str(out)])
+    bench_scheduler.main(["--sizes", "20", "--pods", "12", "--settle", "5", "--floor", "--out", str(out)])
     size = json.loads(out.read_text())["sizes"][0]
     assert size["without_extender"]["bound"] == 12
     assert size["with_extender"]["bound"] >= 10
+    assert size["with_floor_extender"]["bound"] == 12  # the floor passes every node
