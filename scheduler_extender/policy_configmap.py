@@ -27,11 +27,11 @@ from kubernetes.client.rest import ApiException
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import Policy, PolicyError, parse_policy
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender.policy")
 
 DEFAULT_KEY = "policy.yaml"
-WATCH_TIMEOUT_SECONDS = 240  # as watch.py: shorter than common proxy idle timeouts
 MAX_BACKOFF_SECONDS = 30.0
 EVENT_MESSAGE_LIMIT = 1024  # the API server rejects longer Event messages
 
