@@ -8,21 +8,19 @@ broken control plane is never mistaken for a pass.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from tests.harness.controlplane import ControlPlane, SchedulerSpec
+from tests.harness.controlplane import ControlPlane, SchedulerSpec, skip_if_e2e_disabled
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running control plane with one plain ``default-scheduler`` (no extender)."""
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     workdir = tmp_path_factory.mktemp("controlplane")
     cp = ControlPlane(workdir, scheduler_configs=[SchedulerSpec(name="default-scheduler")])
     with cp:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 from kubernetes import client as k8s
 
 from node_agent.inventory import ANNOTATION
-from tests.harness.controlplane import ControlPlane, create_node, wait_for
+from tests.harness.controlplane import ControlPlane, create_node, skip_if_e2e_disabled, wait_for
 from tests.harness.gpucluster import ROOT, node_allocatable
 
 pytestmark = pytest.mark.e2e
@@ -38,8 +37,7 @@ CONVERGE_TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def outage_cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of our own (etcd + apiserver only), free to restart."""
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     with ControlPlane(tmp_path_factory.mktemp("outage-cp"), scheduler_configs=[]) as cp:
         yield cp
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -31,7 +30,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from tests.harness.controlplane import K8S_VERSION, create_node, wait_for
+from tests.harness.controlplane import K8S_VERSION, create_node, skip_if_e2e_disabled, wait_for
 from tests.harness.gpucluster import ROOT, node_allocatable, start_extender
 from tests.harness.helm import Helm, helm_control_plane, sa_kubeconfig
 
@@ -86,8 +85,7 @@ def _run_agent(kubeconfig: Path, inventory: Path, node: str, timeout_s: float = 
 @pytest.fixture(scope="module")
 def chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The chart installed with default values; two GPU Nodes; kubeconfigs of its ServiceAccounts."""
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     work = tmp_path_factory.mktemp("chart-security")
     with helm_control_plane(work, NS) as (cp, api, helm):
         helm("install", RELEASE, str(CHART), "--namespace", NS)

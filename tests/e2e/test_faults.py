@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import signal
 import subprocess
@@ -47,6 +46,7 @@ from kubernetes import client as k8s
 
 from tests.harness.allocations import api_truth, extender_view, overcommit, view_diff, view_overcount
 from tests.harness.controlplane import (
+    skip_if_e2e_disabled,
     ControlPlane, ExtenderSpec, SchedulerSpec, create_node, free_port, pod_events, wait_for,
 )
 from tests.harness.gpucluster import (
@@ -119,8 +119,7 @@ class FaultCluster:
 
 @pytest.fixture(scope="module")
 def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     workdir = tmp_path_factory.mktemp("faults")
     policy = workdir / "policy.yaml"
     doc = yaml.safe_load((ROOT / "scheduler_extender" / "data" / "default-policy.yaml").read_text())

@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 
 from scheduler_extender.core.policy import parse_policy
 from tests.e2e.test_placement import EXPECTED
-from tests.harness.controlplane import K8S_VERSION, SchedulerSpec, free_port, wait_for
+from tests.harness.controlplane import K8S_VERSION, SchedulerSpec, free_port, skip_if_e2e_disabled, wait_for
 from tests.harness.gpucluster import (
     ROOT, create_gpu_nodes, create_pods, load_pod_manifests, start_extender, wait_placements,
 )
@@ -50,8 +50,7 @@ def metric_value(text: str, series: str) -> float | None:
 
 @pytest.fixture(scope="module")
 def helm_cp(tmp_path_factory):
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     work = tmp_path_factory.mktemp("helm")
     with helm_control_plane(work, NS) as (cp, api, helm):
         yield cp, api, helm, work

@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.harness.allocations import api_truth, extender_view, overcommit, view_diff
-from tests.harness.controlplane import ControlPlane, create_node, wait_for
+from tests.harness.controlplane import ControlPlane, create_node, skip_if_e2e_disabled, wait_for
 from tests.harness.gpucluster import (
     ROOT, ExtenderProcess, add_gpuplace_scheduler, create_pods, gpu_pod_manifest, node_allocatable,
     publish_inventory_direct, start_extender,
@@ -69,8 +69,7 @@ POD_MIX: list[tuple[int, str, dict[str, str]]] = [
 
 @pytest.fixture(scope="module")
 def load_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, ExtenderProcess]]:
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     workdir = tmp_path_factory.mktemp("load")
     policy = workdir / "policy.yaml"
     doc = yaml.safe_load((ROOT / "scheduler_extender" / "data" / "default-policy.yaml").read_text())

@@ -12,7 +12,6 @@ pods land.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import ssl
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.controlplane import (
+    skip_if_e2e_disabled,
     ControlPlane, ExtenderSpec, SchedulerSpec, create_node, free_port, pod_events, wait_for,
 )
 from tests.harness.gpucluster import (
@@ -40,8 +40,7 @@ SCHEDULER = "gpuplace-https"
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
-        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+    skip_if_e2e_disabled()
     with ControlPlane(tmp_path_factory.mktemp("security-cp"), scheduler_configs=[]) as plane:
         yield plane
 

@@ -133,6 +133,14 @@ class ComponentError(RuntimeError):
 # --------------------------------------------------------------------------------------
 
 
+def skip_if_e2e_disabled() -> None:
+    """Skip the calling test or fixture when ``GPUPLACE_SKIP_E2E=1``; otherwise a control plane
+    that fails to build or start fails the test, on purpose."""
+    if os.environ.get("GPUPLACE_SKIP_E2E") == "1":
+        import pytest  # test-only dependency: imported where used
+        pytest.skip("GPUPLACE_SKIP_E2E=1: end-to-end control-plane tests skipped")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port on ``host`` that is free right now.
 
