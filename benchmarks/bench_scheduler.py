@@ -27,11 +27,13 @@ import datetime as dt
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,12 @@ from typing import Any
 import orjson
 from kubernetes import client as k8s
 from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cluster import generate_cluster, generate_pods
 from benchmarks.common import (
-    describe_machine, free_port, load_average, machine, peak_rss_mib, python, start_server, stop_server, write_results,
+    cpu_seconds, describe_machine, free_port, load_average, machine, peak_rss_mib, python, start_server, stop_server,
+    write_results,
 )
 from node_agent.inventory import ANNOTATION
 from tests.harness.controlplane import ControlPlane, ExtenderSpec, SchedulerSpec, create_node
@@ -147,6 +151,80 @@ def measure_binding(watch: BindingWatch, total: int, settle: float, timeout: flo
             "all_bound_after_start_s": (times[-1] - start) if times else None}
 
 
+class CpuMeter:
+    """CPU seconds each process spends during one run (``common.cpu_seconds``), per bound pod.
+
+    Where the time goes matters as much as the rate on a 2-core machine: kube-scheduler, the API
+    server, etcd and the extender share the cores, so an extender's CPU slows the others down.
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def add(self, name: str, pid: int) -> None:
+        self.pids[name] = pid
+        self.start[name] = cpu_seconds(pid)
+
+    def per_pod_ms(self, bound: int) -> dict[str, float | None]:
+        """Milliseconds of CPU per bound pod, by process (None: it ended before the reading)."""
+        out: dict[str, float | None] = {}
+        for name, pid in self.pids.items():
+            now, then = cpu_seconds(pid), self.start.get(name)
+            out[name] = (now - then) * 1e3 / bound if now is not None and then is not None and bound else None
+        return out
+
+
+def histogram_means(url: str, family: str, label: str) -> dict[str, dict[str, float]]:
+    """Count and mean (ms) of a Prometheus histogram scraped from ``url``, by the value of ``label``."""
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, context=insecure, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for sample in fam.samples:
+            entry = out.setdefault(sample.labels.get(label, "?"), {"count": 0.0, "sum_s": 0.0})
+            if sample.name.endswith("_count"):
+                entry["count"] += sample.value
+            elif sample.name.endswith("_sum"):
+                entry["sum_s"] += sample.value
+    for v in out.values():
+        v["mean_ms"] = v["sum_s"] * 1e3 / v["count"] if v["count"] else float("nan")
+    return out
+
+
+def scheduler_attempts(cp: ControlPlane, name: str) -> dict[str, dict[str, float]]:
+    """kube-scheduler's own count and mean duration of scheduling attempts by result (scheduled,
+    unschedulable, error; ``scheduler_scheduling_attempt_duration_seconds``): unschedulable pods
+    are retried, and every retry costs a filter pass and an Event."""
+    return histogram_means(cp.scheduler_metrics_url(name), "scheduler_scheduling_attempt_duration_seconds", "result")
+
+
+def scheduler_algorithm_ms(cp: ControlPlane, name: str) -> float:
+    """Mean time kube-scheduler spends finding a node for a pod, extender calls included
+    (``scheduler_scheduling_algorithm_duration_seconds``), ms."""
+    means = histogram_means(cp.scheduler_metrics_url(name), "scheduler_scheduling_algorithm_duration_seconds", "")
+    return means["?"]["mean_ms"] if "?" in means else float("nan")
+
+
+def _attempts_text(attempts: dict[str, dict[str, float]]) -> str:
+    return "attempts: " + ", ".join(f"{r} {int(v.get('count', 0))} (mean {v['mean_ms']:.2f} ms)"
+                                    for r, v in sorted(attempts.items()))
+
+
+def _cpu_text(cpu: dict[str, float | None]) -> str:
+    short = {"kube-apiserver": "apiserver"}
+    parts = []
+    for name, ms in cpu.items():
+        label = "scheduler" if name.startswith("kube-scheduler") else short.get(name, name)
+        parts.append(f"{label} {ms:.2f}" if ms is not None else f"{label} n/a")
+    return "CPU ms/pod: " + ", ".join(parts)
+
+
 def delete_pods(cp: ControlPlane, namespace: str) -> None:
     core = k8s.CoreV1Api(cp.api_client())
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
@@ -159,17 +237,23 @@ def delete_pods(cp: ControlPlane, namespace: str) -> None:
 
 
 def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodes": nodes, "pods": args.pods, "load_average_start": load_average()}
+    out: dict[str, Any] = {"nodes": nodes, "pods": args.pods, "load_average_start": load_average(),
+                           "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
     cp = ControlPlane(workdir / f"cp-{nodes}", scheduler_configs=[])
     with cp:
         out["node_create_s"] = create_nodes(cp, generate_cluster(nodes), args.workers)
         pods = generate_pods(args.pods)
-        spec_kw = {"qps": args.qps, "burst": args.burst}
+        spec_kw = {"qps": args.qps, "burst": args.burst, "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
 
         create_pods(cp, pods, "bench-plain", PLAIN, args.workers)
         watch = BindingWatch(cp, "bench-plain")
+        meter = CpuMeter(cp.pids())
         cp.add_scheduler(SchedulerSpec(name=PLAIN, **spec_kw))
+        meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{PLAIN}]"])
         out["without_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+        out["without_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["without_extender"]["bound"])
+        out["without_extender"]["attempts"] = scheduler_attempts(cp, PLAIN)
+        out["without_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, PLAIN)
         cp.stop_scheduler(PLAIN)
         delete_pods(cp, "bench-plain")
 
@@ -178,9 +262,17 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             create_pods(cp, pods, "bench-gpuplace", GPUPLACE, args.workers)
             profiler = _start_profiler(args.profile, extender.proc.pid, nodes, args.profile_format)
             watch = BindingWatch(cp, "bench-gpuplace")
+            meter = CpuMeter({**cp.pids(), "extender": extender.proc.pid})
             cp.add_scheduler(SchedulerSpec(name=GPUPLACE, extender=ExtenderSpec(url_prefix=extender.url), **spec_kw))
+            meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{GPUPLACE}]"])
             out["with_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+            out["with_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["with_extender"]["bound"])
+            out["with_extender"]["attempts"] = scheduler_attempts(cp, GPUPLACE)
+            out["with_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, GPUPLACE)
             out["extender_peak_rss_mib"] = peak_rss_mib(extender.proc.pid)
+            out["with_extender"]["extender_handler_ms"] = {
+                verb: v["mean_ms"] for verb, v in histogram_means(
+                    f"{extender.url}/metrics", "gpuplace_extender_request_duration_seconds", "verb").items()}
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(timeout=60)
@@ -198,9 +290,14 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             try:
                 create_pods(cp, pods, "bench-floor", FLOOR, args.workers)
                 watch = BindingWatch(cp, "bench-floor")
+                meter = CpuMeter({**cp.pids(), "extender": floor.pid})
                 cp.add_scheduler(SchedulerSpec(name=FLOOR, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"),
                                                **spec_kw))
+                meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{FLOOR}]"])
                 out["with_floor_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
+                out["with_floor_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["with_floor_extender"]["bound"])
+                out["with_floor_extender"]["attempts"] = scheduler_attempts(cp, FLOOR)
+                out["with_floor_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, FLOOR)
                 cp.stop_scheduler(FLOOR)
             finally:
                 stop_server(floor)
@@ -218,6 +315,15 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
           f"ratio {out['ratio'] * 100 if out['ratio'] else float('nan'):.0f}%{floor_text}  "
           f"(nodes created in {out['node_create_s']:.0f} s; extender peak RSS {out['extender_peak_rss_mib']:.0f} MiB; "
           f"load {out['load_average_start']} -> {out['load_average_end']})", flush=True)
+    for label, key in (("without extender", "without_extender"), ("with gpuplace", "with_extender"),
+                       ("with the floor", "with_floor_extender")):
+        if key in out:
+            handler = out[key].get("extender_handler_ms")
+            handler_text = ("; extender handler mean " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in handler.items())
+                            if handler else "")
+            print(f"           {label:>16}: {_cpu_text(out[key]['cpu_ms_per_pod'])}; "
+                  f"{_attempts_text(out[key]['attempts'])}; algorithm mean {out[key]['algorithm_mean_ms']:.2f} ms"
+                  f"{handler_text}", flush=True)
     return out
 
 
@@ -230,7 +336,7 @@ def _start_profiler(directory: Path | None, pid: int, nodes: int, fmt: str = "fl
     if py_spy is None:
         raise SystemExit("--profile needs py-spy: pip install -e '.[bench]'")
     suffix = "svg" if fmt == "flamegraph" else "txt"
-    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "200", "--format", fmt, "--output",
+    return subprocess.Popen([py_spy, "record", "--gil", "--pid", str(pid), "--rate", "200", "--format", fmt, "--output",
                              str(directory / f"extender-{nodes}.{suffix}")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -244,6 +350,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--pods", type=int, default=1000, help="GPU pods per run (default 1000)")
     p.add_argument("--qps", type=float, default=5000, help="kube-scheduler client QPS (default 5000)")
     p.add_argument("--burst", type=int, default=5000, help="kube-scheduler client burst (default 5000)")
+    p.add_argument("--percentage-of-nodes-to-score", type=int, metavar="PCT",
+                   help="kube-scheduler's percentageOfNodesToScore in every run (default: its adaptive sample, "
+                        "46%% at 500 nodes; the chart sets 100: kube-scheduler samples before it calls extenders)")
     p.add_argument("--workers", type=int, default=8, help="client threads creating nodes and pods (default 8)")
     p.add_argument("--settle", type=float, default=10, help="stop waiting after this many seconds without a binding")
     p.add_argument("--timeout", type=float, default=300, help="longest wait for one run, seconds")

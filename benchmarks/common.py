@@ -73,6 +73,17 @@ def peak_rss_mib(pid: int) -> float | None:
     return _status_mib(pid, "VmHWM")
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time a process has used so far, user + system, seconds (``/proc/PID/stat`` fields 14
+    and 15, in clock ticks; proc(5)); None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)", which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float | None:
     """Resident set size of a process now (``VmRSS``), MiB."""
     return _status_mib(pid, "VmRSS")

@@ -17,3 +17,8 @@ def test_scheduler_benchmark_binds_pods_with_and_without_the_extender_and_throug
     assert size["without_extender"]["bound"] == 12
     assert size["with_extender"]["bound"] >= 10
     assert size["with_floor_extender"]["bound"] == 12  # the floor passes every node
+    # where the time went: CPU per component, kube-scheduler's attempts, the extender's own handler time
+    assert size["with_extender"]["cpu_ms_per_pod"]["extender"] > 0
+    assert set(size["with_extender"]["cpu_ms_per_pod"]) >= {"etcd", "kube-apiserver", "kube-scheduler"}
+    assert size["with_extender"]["attempts"]["scheduled"]["count"] == size["with_extender"]["bound"]
+    assert size["with_extender"]["extender_handler_ms"]["filter"] > 0

@@ -381,6 +381,9 @@ class SchedulerSpec:
     #: A complete KubeSchedulerConfiguration to run instead of the generated one (e.g. the one a
     #: Helm chart rendered); only ``clientConnection.kubeconfig`` is replaced by the control plane's.
     config: Mapping[str, Any] | None = None
+    #: ``percentageOfNodesToScore``; None: kube-scheduler's adaptive default (50 % - nodes/125, at
+    #: least 5 % and 100 nodes). kube-scheduler samples the nodes *before* it calls extenders.
+    percentage_of_nodes_to_score: int | None = None
 
     def to_config(self, kubeconfig: Path) -> dict[str, Any]:
         """A complete ``KubeSchedulerConfiguration`` document."""
@@ -401,6 +404,8 @@ class SchedulerSpec:
         }
         if self.extender is not None:
             cfg["extenders"] = [self.extender.to_config()]
+        if self.percentage_of_nodes_to_score is not None:
+            cfg["percentageOfNodesToScore"] = self.percentage_of_nodes_to_score
         return cfg
 
 
@@ -833,6 +838,15 @@ class ControlPlane:
             self.stop_scheduler(spec.name)
             raise
         return port
+
+    def pids(self) -> dict[str, int]:
+        """Process ids of the running components, by name (``etcd``, ``kube-apiserver``,
+        ``kube-scheduler[NAME]``): for benchmarks that account CPU time per component."""
+        out: dict[str, int] = {}
+        for comp in (self._etcd, self._apiserver, *(p.component for p in self._schedulers.values())):
+            if comp is not None and comp.proc is not None and comp.proc.poll() is None:
+                out[comp.name] = comp.proc.pid
+        return out
 
     def stop_scheduler(self, name: str) -> None:
         """Stop the scheduler named ``name`` (no-op if it is not running)."""

@@ -4,7 +4,7 @@ sizes, no timing asserted — speed is reported by ``make bench``, never asserte
 import json
 from collections import Counter
 
-from benchmarks import bench_cache, bench_extender
+from benchmarks import bench_cache, bench_extender, micro_scheduler
 from benchmarks.cluster import NODE_MIX, generate_cluster, generate_pods
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.engine import Engine
@@ -59,3 +59,10 @@ def test_cache_benchmark_runs_and_measures_memory_in_a_fresh_process(tmp_path):
     data = json.loads(out.read_text())
     assert data["events"]["nodes"] == 30 and data["events"]["pod_added_events_per_s"] > 0
     assert data["memory"][0]["nodes"] == 30 and data["memory"][0]["process_rss_mib"] > 0
+
+
+def test_the_in_process_scheduler_replay_places_pods_and_prints_the_time_per_pod(capsys):
+    micro_scheduler.main(["--nodes", "40", "--pods", "30"])
+    out = capsys.readouterr().out
+    assert "40 nodes, window 40: 30 pods" in out and "ms per pod" in out
+    assert micro_scheduler.sample_size(500) == 230 and micro_scheduler.sample_size(5000) == 500

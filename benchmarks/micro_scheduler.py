@@ -1,0 +1,95 @@
+"""In-process replay of what kube-scheduler asks the extender in ``bench_scheduler`` (no HTTP).
+
+Cluster mode's cache (``ClusterCache``) over N generated nodes; per pod: ``filter`` on the next
+window of nodes (kube-scheduler's ``percentageOfNodesToScore`` sample, which starts where the
+previous search stopped), ``prioritize`` on the nodes that passed, then the pod is bound to the
+best node (a Pod watch event). Prints the mean time per pod and where it goes, to compare
+changes to the request path without a control plane's noise.
+
+    python -m benchmarks.micro_scheduler --nodes 500 --pods 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from typing import Any
+
+import orjson
+
+from benchmarks.cluster import generate_cluster, generate_pods
+from node_agent.inventory import ANNOTATION
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.server import ExtenderService
+from scheduler_extender.sources import ClusterSource
+from scheduler_extender.wire import parse_extender_args
+from tests.harness.gpucluster import node_allocatable
+
+
+def sample_size(nodes: int) -> int:
+    """kube-scheduler's adaptive ``percentageOfNodesToScore``: max(5, 50 - nodes/125) percent,
+    at least 100 nodes (pkg/scheduler/schedule_one.go, numFeasibleNodesToFind)."""
+    if nodes < 100:
+        return nodes
+    pct = max(5, 50 - nodes // 125)
+    return max(100, nodes * pct // 100)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=500)
+    p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--profile", action="store_true", help="print a pyinstrument call tree (bench extra)")
+    args = p.parse_args(argv)
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cache = ClusterCache(default_catalog())
+    docs = generate_cluster(args.nodes)
+    cache.replace_nodes([{"metadata": {"name": d["nodeName"], "resourceVersion": "1",
+                                       "annotations": {ANNOTATION: json.dumps({**d, "observedAt": now})}},
+                          "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **node_allocatable(d)}}}
+                         for d in docs])
+    cache.replace_pods([])
+    cache.replace_namespaces([{"metadata": {"name": "bench"}}])
+    service = ExtenderService(Engine(), ClusterSource(cache, default_catalog()))
+    names = sorted(d["nodeName"] for d in docs)
+    window = sample_size(len(names))
+    pods = generate_pods(args.pods)
+    for i, pod in enumerate(pods):
+        pod["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i + 1))
+
+    def run() -> tuple[float, int]:
+        start, bound = 0, 0
+        t = time.perf_counter()
+        for pod in pods:
+            sample = [names[(start + k) % len(names)] for k in range(window)]
+            start = (start + window) % len(names)
+            body = orjson.dumps({"Pod": pod, "NodeNames": sample})
+            result = orjson.loads(service.filter_response(parse_extender_args(body)))
+            feasible = result["NodeNames"] or []
+            if not feasible:
+                continue
+            scores = orjson.loads(service.prioritize_response(parse_extender_args(
+                orjson.dumps({"Pod": pod, "NodeNames": feasible}))))
+            best = max(scores, key=lambda s: s["Score"])["Host"]
+            cache.apply_pod_event("ADDED", {**pod, "spec": {**pod["spec"], "nodeName": best}})
+            bound += 1
+        return time.perf_counter() - t, bound
+
+    if args.profile:
+        from pyinstrument import Profiler  # bench extra
+        profiler = Profiler(interval=0.0005)
+        with profiler:
+            seconds, bound = run()
+        print(profiler.output_text(unicode=True, color=False, show_all=False))
+    else:
+        seconds, bound = run()
+    print(f"{args.nodes} nodes, window {window}: {len(pods)} pods ({bound} bound) in {seconds:.2f} s = "
+          f"{seconds / len(pods) * 1e3:.3f} ms per pod (filter + prioritize + bind event)")
+
+
+if __name__ == "__main__":
+    main()
