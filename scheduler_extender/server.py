@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 import time
 from collections import Counter, OrderedDict
+from itertools import compress
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -27,8 +29,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.engine import Engine, GroupedResults, NodeGroups, group_nodes
-from scheduler_extender.core.equivalence import state_key, state_keys
+from scheduler_extender.core.engine import Engine, GroupedResults, NodeGroups, decision_job, group_nodes, named_job
+from scheduler_extender.core.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
@@ -45,21 +47,47 @@ MAX_JOBS = 256
 MAX_ANSWERS = 64
 """Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
 
+GC_FREEZE_NODES = 1000
+"""Reading this many nodes' states in one request (the first request, a relist) freezes the
+collector's generations afterwards (``gc.freeze``): full passes over long-lived states are what
+made the slowest requests slow."""
+
 MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
 
 
 @dataclass
-class _NodeListMemo:
-    """The last ``NodeNames`` list: its states and class keys, kept current through the source's
-    change log (kube-scheduler sends the same list pod after pod; a binding changes one node)."""
+class _NodeIndex:
+    """Per node name: its state, its inventory's ``observedAt`` (POSIX seconds; +inf: none) and its
+    equivalence key per resource, current as of the source's change log ``generation``. A request
+    for any window of nodes reads them with builtins (kube-scheduler sends a different sample of
+    the nodes for each pod); a watch event drops only the changed node's entries."""
 
     generation: int
+    states: dict[str, NodeState] = field(default_factory=dict)
+    observed: dict[str, float] = field(default_factory=dict)
+    keys: dict[str | None, dict[str, int]] = field(default_factory=dict)
+
+    def drop(self, names: set[str]) -> None:
+        for name in names:
+            self.states.pop(name, None)
+            self.observed.pop(name, None)
+            for keys in self.keys.values():
+                keys.pop(name, None)
+
+
+@dataclass
+class _NodeListMemo:
+    """The last ``NodeNames`` list and its classes (kube-scheduler sends the same list, or the
+    same list rotated, pod after pod when it samples every node); forgotten when one of its nodes
+    changes."""
+
     names: list[str]
-    states: list[NodeState]
     index: dict[str, int]
-    keys: dict[str | None, list[int]] = field(default_factory=dict)
     groups: dict[tuple[str | None, int], NodeGroups] = field(default_factory=dict)  # (resource, rotation)
+
+
+_PASSED, _FAILED, _UNRESOLVABLE = 0, 1, 2  # a class's verdict, for the filter response
 
 
 def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
@@ -83,11 +111,13 @@ class ExtenderService:
         self.engine = engine
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
+        self._node_index: _NodeIndex | None = None
         self._node_list: _NodeListMemo | None = None
         self._node_list_lock = threading.Lock()
         self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
         self._answers_lock = threading.Lock()
         self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
+        self._specs: OrderedDict[Hashable, Job] = OrderedDict()  # pod content -> its decision_job
         self._jobs_lock = threading.Lock()
         # The target workload for the fragmentation score, learned from the pods /filter sees.
         self.workload = WorkloadTracker()
@@ -119,52 +149,69 @@ class ExtenderService:
         return job, names, engine.filter_grouped(job, states, self.source.now(), groups=groups)
 
     def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], NodeGroups | None]:
-        """States (and their classes) of ``NodeNames``; only the nodes changed since the last
-        request with the same list (or the same list rotated: kube-scheduler starts each search at
-        the next node) are read again (sources with a change log: ``sources.ChangeLog``), and the
-        classes are split again only after a change."""
+        """States (and their classes) of ``NodeNames``. Sources with a change log
+        (``sources.ChangeLog``) are read only for nodes changed since the last request
+        (``_NodeIndex``); the classes of the same list as last time (or that list rotated:
+        kube-scheduler starts each search at the next node) are reused until one of its nodes
+        changes."""
         source = self.source
         changes_since = getattr(source, "changes_since", None)
         if changes_since is None:
             return source.states(names, None), None
         with self._node_list_lock:
+            idx = self._node_index
+            changes = changes_since(idx.generation) if idx is not None else None
+            if changes is None:
+                idx = self._node_index = _NodeIndex(source.generation)  # type: ignore[attr-defined]  # before the states
+                self._node_list = None
+            else:
+                idx.generation, changed = changes
+                if changed:
+                    idx.drop(changed)
+                    if self._node_list is not None and not changed.isdisjoint(self._node_list.index):
+                        self._node_list = None
             memo = self._node_list
             shift = _rotation(memo, names) if memo is not None else None
-            start_over = memo is None
-            if memo is not None and shift is not None:
-                changes = changes_since(memo.generation)
-                if changes is None:
-                    memo, start_over = None, True
-                else:
-                    memo.generation, changed = changes
-                    for name in changed & memo.index.keys():
-                        i = memo.index[name]
-                        memo.states[i] = state = source.states([name], None)[0]
-                        for r, keys in memo.keys.items():
-                            keys[i] = state_key(state, r)
-                        memo.groups.clear()
-            else:
-                memo = None
-            if memo is None:
-                shift = 0
-                generation = source.generation  # type: ignore[attr-defined]  # read before the states
-                states = source.states(names, None)
-                index = {name: i for i, name in enumerate(names)}
+            if memo is None or shift is None:
+                index = dict(zip(names, range(len(names))))
                 if len(index) != len(names):  # a name twice: not worth remembering
+                    states, keys, oldest = self._index_lookup(idx, names, resource)
                     return states, None
-                memo = self._node_list = _NodeListMemo(generation, list(names), states, index)
-            keys = memo.keys.get(resource)
-            if keys is None:
-                keys = memo.keys[resource] = state_keys(memo.states, resource)
-                if start_over:
-                    # Keys and view signatures just built for every node live as long as the states:
-                    # out of the collector's way, as cache.bulk_load does for the states themselves.
-                    gc.freeze()
+                memo = self._node_list = _NodeListMemo(list(names), index)
+                shift = 0
             groups = memo.groups.get((resource, shift))
-            states = memo.states[shift:] + memo.states[:shift] if shift else list(memo.states)
-            if groups is None:
-                groups = memo.groups[(resource, shift)] = group_nodes(states, keys[shift:] + keys[:shift])
+            if groups is not None:
+                return list(map(idx.states.__getitem__, names)), groups
+            states, keys, oldest = self._index_lookup(idx, names, resource)
+            groups = memo.groups[(resource, shift)] = group_nodes(states, keys, names, oldest)
             return states, groups
+
+    def _index_lookup(self, idx: _NodeIndex, names: list[str], resource: str | None
+                      ) -> tuple[list[NodeState], list[int], float | None]:
+        """States, class keys for ``resource`` and the oldest ``observedAt`` of ``names``; only
+        nodes the index lacks are read from the source (builtins over the lists otherwise)."""
+        known = idx.states
+        if not all(map(known.__contains__, names)):
+            missing = [n for n in names if n not in known]
+            for name, st in zip(missing, self.source.states(missing, None)):
+                known[name] = st
+                idx.observed[name] = st.view.observed_ts if st.view is not None else math.inf
+            if len(missing) >= GC_FREEZE_NODES:
+                # States and keys built for many nodes at once live until those nodes change: out
+                # of the collector's way, as cache.bulk_load does for the cache's own objects.
+                gc.freeze()
+        states = list(map(known.__getitem__, names))
+        keymap = idx.keys.get(resource)
+        if keymap is None:
+            keymap = idx.keys[resource] = {}
+        keys: list[int | None] = list(map(keymap.get, names))
+        if None in keys:
+            for name, k in zip(names, keys):
+                if k is None:
+                    keymap[name] = state_key(known[name], resource)
+            keys = list(map(keymap.__getitem__, names))
+        oldest = min(map(idx.observed.__getitem__, names), default=math.inf)
+        return states, keys, (None if oldest == math.inf else oldest)  # type: ignore[return-value]
 
     def _job(self, engine: Engine, pod: Any) -> Job:
         """``engine.job`` for ``pod``, remembered per pod version: kube-scheduler sends the same pod
@@ -175,16 +222,43 @@ class ExtenderService:
         uid = meta.get("uid") if isinstance(meta, dict) else None
         version = meta.get("resourceVersion") if isinstance(meta, dict) else None
         if not (isinstance(uid, str) and isinstance(version, str) and uid and version):
-            return engine.job(pod, labels)
+            return self._job_by_content(engine, pod, labels)
         key = (engine.serial, uid, version, frozenset(labels.items()) if labels is not None else None)
         with self._jobs_lock:
             job = self._jobs.get(key)
         if job is None:
-            job = engine.job(pod, labels)
+            job = self._job_by_content(engine, pod, labels)
             with self._jobs_lock:
                 self._jobs[key] = job
                 if len(self._jobs) > MAX_JOBS:
                     self._jobs.popitem(last=False)
+        return job
+
+    def _job_by_content(self, engine: Engine, pod: Any, labels: Any) -> Job:
+        """``engine.job``, shared by pods that differ only in name (a burst from one controller):
+        a pod is resolved from its namespace, annotations and spec, the namespace's labels and the
+        policy (``core.job.resolve_job``), so a pod with the same ones gets the same job under its
+        own name (``engine.named_job``)."""
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict):
+            return engine.job(pod, labels)
+        try:
+            content = orjson.dumps([meta.get("namespace"), meta.get("annotations"), pod.get("spec")],
+                                   option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # orjson.JSONEncodeError: a value JSON cannot hold; resolve it directly
+            return engine.job(pod, labels)
+        key = (engine.serial, content, frozenset(labels.items()) if labels is not None else None)
+        with self._jobs_lock:
+            decision = self._specs.get(key)
+            if decision is not None:
+                self._specs.move_to_end(key)
+        if decision is not None:
+            return named_job(decision, str(meta.get("name") or ""))
+        job = engine.job(pod, labels)
+        with self._jobs_lock:
+            self._specs[key] = decision_job(job)
+            if len(self._specs) > MAX_JOBS:
+                self._specs.popitem(last=False)
         return job
 
     def namespace_labels_of(self, pod: Any) -> Any:
@@ -226,8 +300,8 @@ class ExtenderService:
     def filter_response(self, args: ExtenderArgs) -> bytes:
         """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
         job, names, grouped = self._decide_grouped(args)
-        results, members = grouped.results, grouped.members
-        passing = sum(len(nodes) for r, nodes in zip(results, members) if r.passed)
+        results, sizes = grouped.results, grouped.sizes
+        passing = sum(n for r, n in zip(results, sizes) if r.passed)
         self._learn(job, args.Pod)
         m = self.metrics
         if results and all(r.untouched for r in results):
@@ -239,11 +313,15 @@ class ExtenderService:
             if job.vram is not None:
                 m.vram_estimate.observe(job.vram.bytes_per_gpu)
         rejected: Counter[str] = Counter()
-        for r, nodes in zip(results, members):
+        failed_nodes = {"true": 0, "false": 0}  # resolvable or not
+        for r, n in zip(results, sizes):
             for rej in r.rejections:
-                rejected[rej.criterion] += len(nodes)
+                rejected[rej.criterion] += n
             if not r.passed and not r.untouched:
-                m.quality.failed_nodes.labels("false" if r.unresolvable else "true").inc(len(nodes))
+                failed_nodes["false" if r.unresolvable else "true"] += n
+        for resolvable, count in failed_nodes.items():
+            if count:
+                m.quality.failed_nodes.labels(resolvable).inc(count)
         for criterion, count in rejected.items():
             m.rejections.labels(criterion).inc(count)
         if passing == 1 and not job.errors:
@@ -259,15 +337,19 @@ class ExtenderService:
 
     @staticmethod
     def _filter_body(args: ExtenderArgs, grouped: GroupedResults) -> dict[str, Any]:
-        # Per class; the per-node work is done by builtins over each class's member list.
-        passing: list[str] = []
+        # Per class; the per-node work is done by builtins over the lists (a class's verdict
+        # spread to its nodes through group_of).
+        results, group_of, names = grouped.results, grouped.group_of, grouped.names
+        kind = [_PASSED if r.passed else _UNRESOLVABLE if r.unresolvable else _FAILED for r in results]
+        node_kind = list(map(kind.__getitem__, group_of))
+        passing = list(compress(names, map(_PASSED.__eq__, node_kind)))
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for r, nodes in zip(grouped.results, grouped.members):
-            if r.passed:
-                passing.extend(nodes)
-            else:
-                (unresolvable if r.unresolvable else failed).update(dict.fromkeys(nodes, r.reason))
+        if len(passing) < len(names):
+            reasons = [r.reason for r in results]
+            node_reasons = list(zip(names, map(reasons.__getitem__, group_of)))
+            failed = dict(compress(node_reasons, map(_FAILED.__eq__, node_kind)))
+            unresolvable = dict(compress(node_reasons, map(_UNRESOLVABLE.__eq__, node_kind)))
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing

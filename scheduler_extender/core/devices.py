@@ -13,6 +13,7 @@ A ``NodeView`` is built once per inventory (not per request) and is immutable.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
@@ -202,6 +203,17 @@ class NodeState:
     inventory_error: str | None = None
     cpu_milli_free: int | None = None
     memory_bytes_free: int | None = None
+
+    def with_host(self, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
+        """This state under another node's name and free CPU/memory (``Engine.score_grouped``
+        scores a node on its class's representative this way). Values the decision caches beside
+        the fields (equivalence keys, free-unit lists) depend on neither, so they carry over."""
+        out = dataclasses.replace(self, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
+        out.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in _NODE_STATE_FIELDS)
+        return out
+
+
+_NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
 
 
 def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[str, dict[str, int | None]]:

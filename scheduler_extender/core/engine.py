@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
@@ -60,20 +61,38 @@ class GroupedResults:
             may be a node decided for this job in an earlier request).
         states: the ``NodeState`` that result was decided on, per class.
         group_of: per input node, in input order, the index of its class in ``results``.
-        members: per class, the names of its nodes in input order (callers must not modify).
-        node_states: every input node's state, in input order.
+        names: the input nodes' names, in input order (callers must not modify).
         answer_key: equal for two calls with the same engine, the same ``NodeGroups`` object and
             the same ``decision_job``, whose results are then equal; None when not known (no
             ``groups`` given, or a node near the staleness limit). Callers may cache what they
             derive from the results under it.
+        node_states: every input node's state, in input order.
     """
 
     results: list[NodeResult]
     states: list[NodeState]
     group_of: list[int]
-    members: list[list[str]]
+    names: list[str]
     answer_key: Hashable | None = None
     node_states: list[NodeState] = dataclasses.field(default_factory=list)
+
+    @functools.cached_property
+    def members(self) -> list[list[str]]:
+        """Per class, the names of its nodes in input order."""
+        return _members(self.names, self.group_of, len(self.results))
+
+    @functools.cached_property
+    def sizes(self) -> list[int]:
+        """Per class, how many input nodes it has."""
+        counts = Counter(self.group_of)  # counted in C
+        return [counts[g] for g in range(len(self.results))]
+
+
+def _members(names: Sequence[str], group_of: Sequence[int], classes: int) -> list[list[str]]:
+    members: list[list[str]] = [[] for _ in range(classes)]
+    for name, g in zip(names, group_of):
+        members[g].append(name)
+    return members
 
 
 @dataclass(frozen=True)
@@ -98,7 +117,7 @@ class NodeGroups:
         class_keys: the classes' ``state_key`` numbers, in order of first appearance.
         representatives: per class, the state of its first node.
         group_of: per node, in input order, the index of its class.
-        members: per class, the names of its nodes in input order.
+        names: the nodes' names, in input order.
         oldest_observed_ts: the oldest inventory ``observedAt`` among the nodes, POSIX seconds
             (None: none has an inventory): when it is recent enough, no node can be stale.
     """
@@ -106,28 +125,45 @@ class NodeGroups:
     class_keys: list[int]
     representatives: list[NodeState]
     group_of: list[int]
-    members: list[list[str]]
+    names: list[str]
     oldest_observed_ts: float | None
     serial: int = dataclasses.field(default_factory=lambda: next(_SERIALS))
+
+    @functools.cached_property
+    def members(self) -> list[list[str]]:
+        """Per class, the names of its nodes in input order."""
+        return _members(self.names, self.group_of, len(self.class_keys))
 
 
 _SERIALS = itertools.count()
 """Serial numbers of ``NodeGroups`` and ``Engine`` objects: unlike ``id()``, never reused."""
 
 
-def group_nodes(states: Sequence[NodeState], keys: Sequence[int]) -> NodeGroups:
-    """``NodeGroups`` of ``states`` whose ``state_keys`` are ``keys`` (same length and order)."""
-    # dict builtins instead of a Python loop per node where possible: first node of each class,
-    # class index per node.
-    first = dict(zip(reversed(keys), reversed(states)))
+def oldest_observed(states: Iterable[NodeState]) -> float | None:
+    """The oldest inventory ``observedAt`` among ``states`` (POSIX seconds; None: no inventory)."""
+    # Floats, not the inventories' aware datetimes: comparing those calls their tzinfo each time.
+    return min([s.view.observed_ts for s in states if s.view is not None], default=None)
+
+
+_NOT_GIVEN: Any = object()
+
+
+def group_nodes(states: Sequence[NodeState], keys: Sequence[int], names: Sequence[str] | None = None,
+                oldest_observed_ts: float | None = _NOT_GIVEN) -> NodeGroups:
+    """``NodeGroups`` of ``states`` whose ``state_keys`` are ``keys`` (same length and order).
+
+    ``names`` (the states' names) and ``oldest_observed_ts`` (``oldest_observed(states)``) may be
+    given when the caller has them already; every per-node step is a builtin over the lists, so
+    grouping a few hundred nodes costs microseconds.
+    """
+    first = dict(zip(reversed(keys), reversed(states)))  # first node of each class
     index = {k: g for g, k in enumerate(dict.fromkeys(keys))}
     group_of = list(map(index.__getitem__, keys))
-    members: list[list[str]] = [[] for _ in index]
-    for s, g in zip(states, group_of):
-        members[g].append(s.name)
-    # Floats, not the inventories' aware datetimes: comparing those calls their tzinfo each time.
-    oldest = min([s.view.observed_ts for s in states if s.view is not None], default=None)
-    return NodeGroups(list(index), [first[k] for k in index], group_of, members, oldest)
+    if names is None:
+        names = [s.name for s in states]
+    if oldest_observed_ts is _NOT_GIVEN:
+        oldest_observed_ts = oldest_observed(states)
+    return NodeGroups(list(index), [first[k] for k in index], group_of, list(names), oldest_observed_ts)
 
 
 MEMO_JOBS = 32
@@ -167,6 +203,17 @@ def decision_job(job: Job) -> Job:
         # frozen dataclass: cache beside the fields, as functools.cached_property does
         cached = job.__dict__[_DECISION] = dataclasses.replace(job, req=dataclasses.replace(job.req, name=""))
     return cached
+
+
+def named_job(decision: Job, name: str) -> Job:
+    """The job of a pod named ``name`` whose ``decision_job`` is ``decision`` (a pod resolved
+    like one seen before: same namespace, annotations and spec). Its ``decision_job`` is
+    ``decision`` itself, so the verdicts remembered for it are shared."""
+    if not name:
+        return decision
+    job = dataclasses.replace(decision, req=dataclasses.replace(decision.req, name=name))
+    job.__dict__[_DECISION] = decision  # frozen dataclass: cache beside the fields
+    return job
 
 
 _DECISION = "_gpuplace_decision_job"
@@ -251,7 +298,7 @@ class Engine:
             reps.append(hit[0])
             results.append(hit[1])
         answer_key = (self.serial, groups.serial, job_key) if groups is given and job_key is not None else None
-        return GroupedResults(results, reps, groups.group_of, groups.members, answer_key, states)
+        return GroupedResults(results, reps, groups.group_of, groups.names, answer_key, states)
 
     def _job_memo(self, key: Hashable | None) -> dict[int, tuple[NodeState, NodeResult]]:
         """Class verdicts already decided for the job of ``_job_key`` ``key`` (kube-scheduler asks
@@ -278,32 +325,48 @@ class Engine:
         nodes, so a class's score is every one of its nodes' score. Filter classes leave the
         nodes' free CPU/memory out (the filter does not read them); when the ``fragmentation``
         component can apply (a learned ``workload`` and a weight), passing classes are split by
-        them, since that component reads them, and each part is decided on one of its own nodes
-        (the component also reads which of that node's units the pod would take).
+        what that component reads of them: the ``WorkloadProfile.host_class`` of the free CPU and
+        memory before and after the pod's requests.
+
+        Each part is scored on its class's representative (same devices, same held positions,
+        same chosen-unit properties) under the name and free CPU/memory of the part's first node:
+        the representative may be a node decided in an earlier request, whose name may belong to
+        another class in this one, and scores are matched to nodes by name.
         """
-        if (not workload or not self.policy.scoring.fragmentation
-                or all(s.cpu_milli_free is None and s.memory_bytes_free is None for s in grouped.node_states)):
-            scores = self.score(job, grouped.states, grouped.results, workload)
-            return ScoredGroups([scores.get(r.node) if r.passed else None for r in grouped.results],
-                                grouped.results, grouped.group_of)
-        index: dict[tuple[Any, ...], int] = {}
+        resource = job.req.resource
+        node_states = grouped.node_states
+        passed = [r.passed for r in grouped.results]
+        keys: list[Hashable]
+        if (workload and self.policy.scoring.fragmentation and resource is not None and any(passed)
+                and not all(s.cpu_milli_free is None and s.memory_bytes_free is None for s in node_states)):
+            cpu_need, mem_need = job.cpu_milli or 0, job.memory_bytes or 0
+            host = [(s.cpu_milli_free, s.memory_bytes_free) for s in node_states]
+            host_class: dict[tuple[int | None, int | None], Hashable] = {}
+            for cpu, mem in set(host):  # distinct free CPU/memory pairs: far fewer than nodes
+                host_class[(cpu, mem)] = (workload.host_class(resource, cpu, mem), workload.host_class(
+                    resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - mem_need))
+            keys = [(g, host_class[h]) if passed[g] else (g,) for g, h in zip(grouped.group_of, host)]
+        else:
+            keys = list(grouped.group_of)
+        index: dict[Hashable, int] = {}
         states: list[NodeState] = []
         results: list[NodeResult] = []
-        score_of: list[int] = []
-        for s, g in zip(grouped.node_states, grouped.group_of):
-            r = grouped.results[g]
-            key = (g, s.cpu_milli_free, s.memory_bytes_free) if r.passed else (g,)
-            i = index.get(key)
-            if i is None:
-                i = index[key] = len(states)
-                if r.passed and s.name != r.node:
-                    # Its own chosen units: fragmentation reads which of the node's units remain free.
-                    r = filter_node(decision_job(job), s, self.policy, None)
-                states.append(s if r.passed else grouped.states[g])
-                results.append(r)
-            score_of.append(i)
+        for key, i in dict(zip(reversed(keys), range(len(keys) - 1, -1, -1))).items():  # first node of each part
+            g = key[0] if isinstance(key, tuple) else key
+            index[key] = len(states)
+            rep, r = grouped.states[g], grouped.results[g]
+            if passed[g]:
+                s = node_states[i]
+                if s.name != r.node:
+                    rep = rep.with_host(s.name, s.cpu_milli_free, s.memory_bytes_free)
+                    r = dataclasses.replace(r, node=s.name)
+                else:
+                    rep = s
+            states.append(rep)
+            results.append(r)
         scores = self.score(job, states, results, workload)
-        return ScoredGroups([scores.get(r.node) if r.passed else None for r in results], results, score_of)
+        return ScoredGroups([scores.get(r.node) if r.passed else None for r in results], results,
+                            list(map(index.__getitem__, keys)))
 
     def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
               workload: WorkloadProfile | None = None) -> dict[str, NodeScore]:

@@ -123,10 +123,26 @@ def _held_signature(view: NodeView, resource: str, held: Collection[str]) -> Has
     kind = sig[0]
     if kind == "symmetric":
         return sum(1 for u in units if u.uuid in held)
-    positions = [i for i, u in enumerate(units) if u.uuid in held]
+    positions = tuple(i for i, u in enumerate(units) if u.uuid in held)
     if kind == "topology":
-        return min(tuple(sorted(p[i] for i in positions)) for p in _automorphisms(sig[-1]))
-    return tuple(positions)
+        return _canonical_positions(sig[-1], positions)
+    return positions
+
+
+_CANONICAL: dict[tuple[tuple[frozenset[int], ...], tuple[int, ...]], tuple[int, ...]] = {}
+
+
+def _canonical_positions(adjacency: tuple[frozenset[int], ...], positions: tuple[int, ...]) -> tuple[int, ...]:
+    """The least image of ``positions`` under the topology's automorphisms (same for every held
+    set the topology cannot tell apart); remembered, since a binding changes one node at a time
+    and 8 bridged GPUs have 384 automorphisms."""
+    key = (adjacency, positions)
+    found = _CANONICAL.get(key)
+    if found is None:
+        if len(_CANONICAL) >= _MAX_INTERNED:
+            _CANONICAL.clear()
+        found = _CANONICAL[key] = min(tuple(sorted(p[i] for i in positions)) for p in _automorphisms(adjacency))
+    return found
 
 
 _INTERNED: dict[Hashable, int] = {}

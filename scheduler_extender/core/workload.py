@@ -22,7 +22,6 @@ Pure: no I/O; the profile's memo is an internal cache of a pure function.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -107,6 +106,19 @@ class WorkloadProfile:
     def __bool__(self) -> bool:
         return bool(self._by_resource)
 
+    def host_class(self, resource: str, cpu_milli_free: int | None,
+                   memory_bytes_free: int | None) -> tuple[int | None, int | None]:
+        """Where free CPU and memory fall among the requests of this resource's shapes (ranks;
+        None: unknown). Which shapes fit a node depends on its free CPU/memory only through
+        these ranks, so nodes with the same free devices and the same ``host_class`` have the
+        same ``fit_share`` and ``fragmentation``; the engine groups nodes by it for the score."""
+        group = self._by_resource.get(resource)
+        if group is None:
+            return (None, None)
+        _, cpus, mems = group
+        return (None if cpu_milli_free is None else bisect.bisect_right(cpus, cpu_milli_free),
+                None if memory_bytes_free is None else bisect.bisect_right(mems, memory_bytes_free))
+
     def fit_share(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
                   memory_bytes_free: int | None) -> float:
         """Share of the workload (of this ``resource``) that fits a node with ``free`` devices and
@@ -114,11 +126,8 @@ class WorkloadProfile:
         group = self._by_resource.get(resource)
         if group is None:
             return 1.0
-        shapes, cpus, mems = group
-        # Which shapes fit depends only on where the free CPU/memory falls among the shapes' own
-        # requests: memoize on those ranks, not on the exact amounts.
-        ci = None if cpu_milli_free is None else bisect.bisect_right(cpus, cpu_milli_free)
-        mi = None if memory_bytes_free is None else bisect.bisect_right(mems, memory_bytes_free)
+        shapes = group[0]
+        ci, mi = self.host_class(resource, cpu_milli_free, memory_bytes_free)
         key = (resource, free, ci, mi)
         hit = self._memo.get(key)
         if hit is not None:
@@ -217,16 +226,24 @@ def _shape_key(item: tuple[DemandShape, float]) -> tuple:
 def free_by_model(units: Iterable[Unit]) -> FreeByModel:
     """``FreeByModel`` of a list of units: catalog id (``""`` when not in the catalog), prefixed
     with ``mig:`` for MIG devices."""
-    c: Counter[str] = Counter((MIG_KEY if u.kind == "mig" else "") + (u.entry.id if u.entry is not None else "")
-                              for u in units)
-    return tuple(sorted(c.items()))
+    counts: dict[str, int] = {}
+    for u in units:  # a plain dict: a Counter costs more to build than these few units
+        k = _model_key(u)
+        counts[k] = counts.get(k, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 def free_by_model_minus(free: FreeByModel, taken: Iterable[Unit]) -> FreeByModel:
     """``free`` with ``taken`` (units counted in it) removed: ``free_by_model`` of the difference."""
-    c = Counter(dict(free))
-    c.subtract(dict(free_by_model(taken)))
-    return tuple(sorted((k, n) for k, n in c.items() if n > 0))
+    counts = dict(free)
+    for u in taken:
+        k = _model_key(u)
+        counts[k] = counts.get(k, 0) - 1
+    return tuple(sorted((k, n) for k, n in counts.items() if n > 0))
+
+
+def _model_key(u: Unit) -> str:
+    return (MIG_KEY if u.kind == "mig" else "") + (u.entry.id if u.entry is not None else "")
 
 
 def profile_of(shapes: Mapping[DemandShape, float], version: int = 0) -> WorkloadProfile:

@@ -185,3 +185,47 @@ def test_pods_of_other_namespaces_are_decided_for_their_own_tenant():
     assert {"gpu-4090-0", "gpu-4090-1"} <= set(a["NodeNames"])
     assert not {"gpu-4090-0", "gpu-4090-1"} & set(b["NodeNames"])
     assert b == fresh_answer(cache, "filter", pod(spec, name="lora", namespace="team-b"), Engine(policy))
+
+
+def test_changing_windows_of_nodes_with_bindings_between_them_get_the_answers_of_a_fresh_extender():
+    # kube-scheduler sends each pod a different sample of the nodes; the extender reads the nodes
+    # it saw before from its per-node index, which a binding must update for that node only.
+    import random
+
+    from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
+
+    rng = random.Random(5)
+    cache = ClusterCache(CAT)
+    docs = generate_cluster(60, seed=3)
+    cache.replace_nodes([node_obj(d["nodeName"], d) for d in docs])
+    cache.replace_pods([])
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    names = [d["nodeName"] for d in docs]
+    for i in range(40):
+        annotations, resource, gpus, _ = POD_MIX[i % len(POD_MIX)]
+        p = bench_pod(i, annotations, resource, gpus, namespace="default")
+        start, size = rng.randrange(len(names)), rng.randrange(1, len(names))
+        window = [names[(start + k) % len(names)] for k in range(size)]
+        got = ask(service, "filter", p, window)
+        assert got == fresh_answer(cache, "filter", p, names=window), f"pod {i}"
+        if got["NodeNames"]:
+            fresh = ExtenderService(Engine(), ClusterSource(cache, CAT))
+            fresh.workload = service.workload  # the same learned workload: the same fragmentation scores
+            scores = ask(service, "prioritize", p, got["NodeNames"])
+            assert scores == ask(fresh, "prioritize", p, got["NodeNames"]), f"pod {i}"
+            best = max(scores, key=lambda s: s["Score"])["Host"]
+            cache.apply_pod_event("ADDED", {**p, "spec": {**p["spec"], "nodeName": best}, "status": {"phase": "Running"}})
+
+
+def test_a_pod_resolved_like_an_earlier_one_keeps_its_own_name_and_a_changed_spec_is_resolved_anew():
+    cache = cluster()
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
+    first = service._job(service.engine, pod(spec, name="lora-0"))
+    second = service._job(service.engine, pod(spec, name="lora-1"))
+    assert (first.req.name, second.req.name) == ("lora-0", "lora-1")
+    assert second == service.engine.job(pod(spec, name="lora-1"))
+    other = service._job(service.engine, pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2"))
+    assert other == service.engine.job(pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2"))
+    elsewhere = service._job(service.engine, pod(spec, name="lora-3", namespace="team-b"))
+    assert elsewhere.req.namespace == "team-b"
