@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import time
 from typing import Any
@@ -61,6 +62,19 @@ def main(argv: list[str] | None = None) -> None:
     for i, pod in enumerate(pods):
         pod["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i + 1))
 
+    gc_time = [0.0, 0, 0]  # seconds, collections, full (generation 2) collections
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_time[0] += time.perf_counter() - gc_start[0]
+            gc_time[1] += 1
+            gc_time[2] += info["generation"] == 2
+
+    gc.callbacks.append(on_gc)
+
     def run() -> tuple[float, int]:
         start, bound = 0, 0
         t = time.perf_counter()
@@ -88,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         seconds, bound = run()
     print(f"{args.nodes} nodes, window {window}: {len(pods)} pods ({bound} bound) in {seconds:.2f} s = "
-          f"{seconds / len(pods) * 1e3:.3f} ms per pod (filter + prioritize + bind event)")
+          f"{seconds / len(pods) * 1e3:.3f} ms per pod (filter + prioritize + bind event); garbage collector "
+          f"{gc_time[0] * 1e3:.0f} ms in {gc_time[1]} passes, {gc_time[2]} full")
 
 
 if __name__ == "__main__":

@@ -271,8 +271,20 @@ def main(argv: list[str] | None = None) -> int:
         log.info("health and metrics also on http://%s:%d (/healthz, /readyz, /metrics)", args.host, args.health_port)
         servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host,
                                                      port=args.health_port, log_level="warning", access_log=False)))
-    asyncio.run(_serve(servers))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(servers))
     return 0
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop where it is installed (``uvicorn[standard]`` brings it on Linux), as
+    ``uvicorn.run`` picks it; asyncio's own otherwise. Our servers run under one loop of our own
+    (two ports), so the choice uvicorn would make for one server is made here."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _serve(servers: list[Any]) -> None:
