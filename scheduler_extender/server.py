@@ -52,6 +52,10 @@ GC_FREEZE_NODES = 1000
 collector's generations afterwards (``gc.freeze``): full passes over long-lived states are what
 made the slowest requests slow."""
 
+STALE_MARGIN_SECONDS = 60.0
+"""While every node the extender has read reported this long before the staleness limit, no list
+can hold a stale node and the per-list oldest ``observedAt`` is not computed."""
+
 MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
 
@@ -67,6 +71,7 @@ class _NodeIndex:
     states: dict[str, NodeState] = field(default_factory=dict)
     observed: dict[str, float] = field(default_factory=dict)
     keys: dict[str | None, dict[str, int]] = field(default_factory=dict)
+    oldest_bound: float = math.inf  # no newer than any indexed node's observedAt (dropped ones included)
 
     def drop(self, names: set[str]) -> None:
         for name in names:
@@ -195,7 +200,8 @@ class ExtenderService:
             missing = [n for n in names if n not in known]
             for name, st in zip(missing, self.source.states(missing, None)):
                 known[name] = st
-                idx.observed[name] = st.view.observed_ts if st.view is not None else math.inf
+                idx.observed[name] = ts = st.view.observed_ts if st.view is not None else math.inf
+                idx.oldest_bound = min(idx.oldest_bound, ts)
             if len(missing) >= GC_FREEZE_NODES:
                 # States and keys built for many nodes at once live until those nodes change: out
                 # of the collector's way, as cache.bulk_load does for the cache's own objects.
@@ -210,7 +216,12 @@ class ExtenderService:
                 if k is None:
                     keymap[name] = state_key(known[name], resource)
             keys = list(map(keymap.__getitem__, names))
-        oldest = min(map(idx.observed.__getitem__, names), default=math.inf)
+        oldest = idx.oldest_bound
+        stale_after = self.engine.policy.inventory.stale_after_seconds
+        if oldest < time.time() - stale_after + STALE_MARGIN_SECONDS:
+            # Some node seen lately is getting old (an agent that stopped): this list's own oldest,
+            # so that only a list holding such a node pays the exact per-node check.
+            oldest = min(map(idx.observed.__getitem__, names), default=math.inf)
         return states, keys, (None if oldest == math.inf else oldest)  # type: ignore[return-value]
 
     def _job(self, engine: Engine, pod: Any) -> Job:

@@ -229,3 +229,17 @@ def test_a_pod_resolved_like_an_earlier_one_keeps_its_own_name_and_a_changed_spe
     assert other == service.engine.job(pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2"))
     elsewhere = service._job(service.engine, pod(spec, name="lora-3", namespace="team-b"))
     assert elsewhere.req.namespace == "team-b"
+
+
+def test_a_node_whose_agent_stopped_is_rejected_as_stale_in_every_window_that_holds_it():
+    cache = cluster()
+    old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=400)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cache.apply_node_event("MODIFIED", {"metadata": {"name": "gpu-4090-0", "annotations": {
+        "gpuplace.io/inventory": json.dumps({**example_inventory("gpu-4090-0"), "observedAt": old})}}})
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}, name="lora")
+    others = [n for n in NODES if n != "gpu-4090-0"]
+    assert "gpu-4090-1" in ask(service, "filter", p, others)["NodeNames"]  # a window without it
+    got = ask(service, "filter", p)
+    assert "gpu-4090-0" not in got["NodeNames"] and "gpu-4090-1" in got["NodeNames"]
+    assert "stale" in (got["FailedNodes"].get("gpu-4090-0") or got["FailedAndUnresolvableNodes"]["gpu-4090-0"])
