@@ -17,7 +17,6 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict
-from itertools import compress
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -90,9 +89,7 @@ class _NodeListMemo:
     names: list[str]
     index: dict[str, int]
     groups: dict[tuple[str | None, int], NodeGroups] = field(default_factory=dict)  # (resource, rotation)
-
-
-_PASSED, _FAILED, _UNRESOLVABLE = 0, 1, 2  # a class's verdict, for the filter response
+    states: dict[int, list[NodeState]] = field(default_factory=dict)  # rotation -> states in list order
 
 
 def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
@@ -185,9 +182,11 @@ class ExtenderService:
                 memo = self._node_list = _NodeListMemo(list(names), index)
                 shift = 0
             groups = memo.groups.get((resource, shift))
-            if groups is not None:
-                return list(map(idx.states.__getitem__, names)), groups
+            states = memo.states.get(shift)
+            if groups is not None and states is not None:
+                return states, groups
             states, keys, oldest = self._index_lookup(idx, names, resource)
+            memo.states[shift] = states
             groups = memo.groups[(resource, shift)] = group_nodes(states, keys, names, oldest)
             return states, groups
 
@@ -348,19 +347,15 @@ class ExtenderService:
 
     @staticmethod
     def _filter_body(args: ExtenderArgs, grouped: GroupedResults) -> dict[str, Any]:
-        # Per class; the per-node work is done by builtins over the lists (a class's verdict
-        # spread to its nodes through group_of).
-        results, group_of, names = grouped.results, grouped.group_of, grouped.names
-        kind = [_PASSED if r.passed else _UNRESOLVABLE if r.unresolvable else _FAILED for r in results]
-        node_kind = list(map(kind.__getitem__, group_of))
-        passing = list(compress(names, map(_PASSED.__eq__, node_kind)))
+        # Per class, over its member list (built once per node list): builtins do the per-node work.
+        passing: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if len(passing) < len(names):
-            reasons = [r.reason for r in results]
-            node_reasons = list(zip(names, map(reasons.__getitem__, group_of)))
-            failed = dict(compress(node_reasons, map(_FAILED.__eq__, node_kind)))
-            unresolvable = dict(compress(node_reasons, map(_UNRESOLVABLE.__eq__, node_kind)))
+        for r, nodes in zip(grouped.results, grouped.members):
+            if r.passed:
+                passing.extend(nodes)
+            else:
+                (unresolvable if r.unresolvable else failed).update(dict.fromkeys(nodes, r.reason))
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from scheduler_extender.core.catalog import Catalog, default_catalog
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.equivalence import state_keys
-from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
+from scheduler_extender.core.filter import NodeResult, UnitVerdicts, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job, resolve_job
 from scheduler_extender.core.policy import Policy, default_policy
 from scheduler_extender.core.score import NodeScore, score_nodes
@@ -78,14 +78,24 @@ class GroupedResults:
 
     @functools.cached_property
     def members(self) -> list[list[str]]:
-        """Per class, the names of its nodes in input order."""
+        """Per class, the names of its nodes in input order (callers must not modify)."""
+        if self.groups is not None and self.groups.group_of is self.group_of:
+            return self.groups.members  # listed once per node list
         return _members(self.names, self.group_of, len(self.results))
+
+    groups: NodeGroups | None = None
 
     @functools.cached_property
     def sizes(self) -> list[int]:
         """Per class, how many input nodes it has."""
-        counts = Counter(self.group_of)  # counted in C
-        return [counts[g] for g in range(len(self.results))]
+        if self.groups is not None and self.groups.group_of is self.group_of:
+            return self.groups.sizes  # counted once per node list
+        return _sizes(self.group_of, len(self.results))
+
+
+def _sizes(group_of: Sequence[int], classes: int) -> list[int]:
+    counts = Counter(group_of)  # counted in C
+    return [counts[g] for g in range(classes)]
 
 
 def _members(names: Sequence[str], group_of: Sequence[int], classes: int) -> list[list[str]]:
@@ -133,6 +143,11 @@ class NodeGroups:
     def members(self) -> list[list[str]]:
         """Per class, the names of its nodes in input order."""
         return _members(self.names, self.group_of, len(self.class_keys))
+
+    @functools.cached_property
+    def sizes(self) -> list[int]:
+        """Per class, how many nodes it has."""
+        return _sizes(self.group_of, len(self.class_keys))
 
 
 _SERIALS = itertools.count()
@@ -249,7 +264,7 @@ class Engine:
     def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
-        self._memo: OrderedDict[Hashable, dict[int, tuple[NodeState, NodeResult]]] = OrderedDict()
+        self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
         self.serial = next(_SERIALS)
 
     def job(self, pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
@@ -286,30 +301,31 @@ class Engine:
                    for i, (s, g) in enumerate(zip(states, groups.group_of))]
             groups = group_nodes(states, own)
         job_key = _job_key(job)
-        memo = self._job_memo(job_key)
+        memo, unit_verdicts = self._job_memo(job_key)
         reps: list[NodeState] = []
         results: list[NodeResult] = []
         for k, rep in zip(groups.class_keys, groups.representatives):
             hit = memo.get(k)
             if hit is None:
-                hit = (rep, filter_node(job, rep, policy, now))
+                hit = (rep, filter_node(job, rep, policy, now, unit_verdicts))
                 if k >= 0:  # a stale node's verdict depends on now
                     memo[k] = hit
             reps.append(hit[0])
             results.append(hit[1])
         answer_key = (self.serial, groups.serial, job_key) if groups is given and job_key is not None else None
-        return GroupedResults(results, reps, groups.group_of, groups.names, answer_key, states)
+        return GroupedResults(results, reps, groups.group_of, groups.names, answer_key, states, groups)
 
-    def _job_memo(self, key: Hashable | None) -> dict[int, tuple[NodeState, NodeResult]]:
+    def _job_memo(self, key: Hashable | None) -> tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]:
         """Class verdicts already decided for the job of ``_job_key`` ``key`` (kube-scheduler asks
         filter, then prioritize, and retries pending pods; a controller's pods share a
-        ``decision_job``), held by this engine only, so a policy swap (a new engine) starts empty,
-        and a changed node state is a new class. ``key`` None: nothing remembered."""
+        ``decision_job``), and the job's ``filter_node`` memo of per-structure verdicts; held by
+        this engine only, so a policy swap (a new engine) starts empty, and a changed node state
+        is a new class. ``key`` None: nothing remembered."""
         if key is None:
-            return {}
+            return {}, {}
         memo = self._memo.get(key)
         if memo is None:
-            memo = self._memo[key] = {}
+            memo = self._memo[key] = ({}, {})
             if len(self._memo) > MEMO_JOBS:
                 self._memo.popitem(last=False)
         else:

@@ -116,6 +116,22 @@ def view_signature(view: NodeView) -> tuple[Hashable, ...]:
     return sig
 
 
+_VIEW_CLASS = "_gpuplace_view_class"
+
+
+def view_class(view: NodeView) -> int:
+    """A number equal for views with the same ``view_signature`` (the same devices, models,
+    topology and GPU indices, whatever their names and UUIDs); computed once per view."""
+    number = view.__dict__.get(_VIEW_CLASS)
+    if number is None:
+        try:
+            number = _intern(("view", view_signature(view)))
+        except TypeError:  # an unhashable field: a class of its own
+            number = next(_next_class)
+        view.__dict__[_VIEW_CLASS] = number  # frozen dataclass: cache beside the fields
+    return number
+
+
 def _held_signature(view: NodeView, resource: str, held: Collection[str]) -> Hashable:
     """Which units of ``resource`` are held, as far as the filter and score can tell (module docstring)."""
     units = view.units_by_resource[resource]

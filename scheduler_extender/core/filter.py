@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
+from scheduler_extender.core.equivalence import view_class
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
@@ -294,7 +295,13 @@ def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
 
 # ---- composition ------------------------------------------------------------------------------
 
-def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None) -> NodeResult:
+UnitVerdicts = dict
+"""A memo for ``filter_node`` (``Engine.filter_grouped`` keeps one per job): per node structure
+(``equivalence.view_class``) and resource, the allocation-independent part of the verdict."""
+
+
+def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None,
+                unit_verdicts: UnitVerdicts | None = None) -> NodeResult:
     """Decide whether ``job`` can run on the node now, and on which units.
 
     Args:
@@ -302,6 +309,9 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         state: the node's inventory view and allocations.
         policy: the running policy.
         now: current time for the staleness check; None skips it.
+        unit_verdicts: a memo shared by calls for the same job (and policy): what does not
+            depend on the allocation (every per-unit criterion, the device count, NVLink among
+            all units) is decided once per node structure. None: decided here.
 
     Returns:
         ``NodeResult`` with every failing reason, or the chosen units when the node passes.
@@ -322,10 +332,48 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         return NodeResult(state.name, False, (inv,))
     view = state.view
     assert view is not None
+    resource = req.resource or ""
+    if unit_verdicts is None:
+        rejections, eligible_at = _structure_verdict(view, job)
+    else:
+        key = (view_class(view), resource)
+        hit = unit_verdicts.get(key)
+        if hit is None:
+            hit = unit_verdicts[key] = _structure_verdict(view, job)
+        rejections, eligible_at = hit
+    if rejections:
+        return NodeResult(state.name, False, rejections)
+
+    # Everything left can only be fixed by GPUs becoming free: resolvable.
+    n = req.gpu_count
+    units = view.units(resource)
+    word = _device_word(resource)
+    wants_nvlink = "nvlink" in req.require and n > 1
+    alloc = state.allocation
+    held = alloc.held
+    free = [units[i] for i in eligible_at if units[i].uuid not in held]
+    anonymous = alloc.anonymous.get(resource, 0)
+    free_count = len(free) - anonymous
+    if free_count < n:
+        in_use = len(eligible_at) - max(free_count, 0)
+        return NodeResult(state.name, False, (Rejection(
+            C_FREE, f"{max(free_count, 0)} of {len(eligible_at)} eligible {word} free ({in_use} in use), {n} requested",
+            resolvable=True),))
+    chosen = choose_units(free, n, nvlink_required=wants_nvlink, nvlink_preferred="nvlink" in req.prefer and n > 1)
+    if chosen is None:  # only when NVLink is required: a linked group exists, but not among free units
+        return NodeResult(state.name, False, (Rejection(
+            C_NVLINK, f"no {n} free {word} all joined by NVLink ({A_REQUIRE}: nvlink)", resolvable=True),))
+    return NodeResult(state.name, True, chosen=chosen)
+
+
+def _structure_verdict(view: NodeView, job: Job) -> tuple[tuple[Rejection, ...], tuple[int, ...]]:
+    """What ``filter_node`` decides from the node's devices alone, whatever is allocated: the
+    rejections (none: the node can run the pod once enough of its eligible units are free) and
+    the positions, in ``view.units(resource)``, of the units eligible for the pod."""
     res = _resource_rejection(view, job)
     if res is not None:
-        return NodeResult(state.name, False, (res,))
-
+        return (res,), ()
+    req = job.req
     resource = req.resource or ""
     n = req.gpu_count
     units = view.units(resource)
@@ -344,8 +392,8 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         (C_DEVICE_KIND, check_device_kind),
     ]
     failed_by: dict[tuple[str, str], list[Unit]] = {}
-    eligible: list[Unit] = []
-    for u in units:
+    eligible_at: list[int] = []
+    for i, u in enumerate(units):
         ok = True
         for criterion, check in checks:
             msg = check(u, job)
@@ -353,41 +401,24 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
                 failed_by.setdefault((criterion, msg), []).append(u)
                 ok = False
         if ok:
-            eligible.append(u)
+            eligible_at.append(i)
     for (criterion, msg), us in failed_by.items():
         rejections.append(Rejection(criterion, f"{label_units(us)}: {msg}"))
 
     if len(units) < n:
         rejections.append(Rejection(C_COUNT, f"has {len(units)} {resource}, {n} requested"))
-    elif 0 < len(eligible) < n:
-        rejections.append(Rejection(C_COUNT, f"{len(eligible)} of {len(units)} {word} can run this pod, {n} requested"))
+    elif 0 < len(eligible_at) < n:
+        rejections.append(Rejection(C_COUNT, f"{len(eligible_at)} of {len(units)} {word} can run this pod, {n} requested"))
 
     wants_nvlink = "nvlink" in req.require and n > 1
+    eligible = [units[i] for i in eligible_at]
     if wants_nvlink and len(units) >= n and find_nvlink_group(units, n) is None:
         linked = [u for u in units if u.nvlink_peers]
         detail = f"{label_units(units)} have no NVLink" if not linked else f"no {n} {word} all joined by NVLink"
         rejections.append(Rejection(C_NVLINK, f"{detail}; {n} GPUs joined by NVLink needed ({A_REQUIRE}: nvlink)"))
     elif wants_nvlink and len(eligible) >= n and find_nvlink_group(eligible, n) is None:
         rejections.append(Rejection(C_NVLINK, f"no {n} eligible {word} all joined by NVLink ({A_REQUIRE}: nvlink)"))
-
-    if rejections:
-        return NodeResult(state.name, False, tuple(rejections))
-
-    # Everything left can only be fixed by GPUs becoming free: resolvable.
-    alloc = state.allocation
-    free = [u for u in eligible if u.uuid not in alloc.held]
-    anonymous = alloc.anonymous.get(resource, 0)
-    free_count = len(free) - anonymous
-    if free_count < n:
-        in_use = len(eligible) - max(free_count, 0)
-        return NodeResult(state.name, False, (Rejection(
-            C_FREE, f"{max(free_count, 0)} of {len(eligible)} eligible {word} free ({in_use} in use), {n} requested",
-            resolvable=True),))
-    chosen = choose_units(free, n, nvlink_required=wants_nvlink, nvlink_preferred="nvlink" in req.prefer and n > 1)
-    if chosen is None:  # only when NVLink is required: a linked group exists, but not among free units
-        return NodeResult(state.name, False, (Rejection(
-            C_NVLINK, f"no {n} free {word} all joined by NVLink ({A_REQUIRE}: nvlink)", resolvable=True),))
-    return NodeResult(state.name, True, chosen=chosen)
+    return tuple(rejections), tuple(eligible_at)
 
 
 def choose_units(free: Sequence[Unit], n: int, *, nvlink_required: bool = False,
