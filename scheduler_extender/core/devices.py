@@ -208,7 +208,7 @@ class NodeState:
         """This state under another node's name and free CPU/memory (``Engine.score_grouped``
         scores a node on its class's representative this way). Values the decision caches beside
         the fields (equivalence keys, free-unit lists) depend on neither, so they carry over."""
-        out = dataclasses.replace(self, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
+        out = NodeState(name, self.view, self.allocation, self.inventory_error, cpu_milli_free, memory_bytes_free)
         out.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in _NODE_STATE_FIELDS)
         return out
 

@@ -375,7 +375,7 @@ class Engine:
                 s = node_states[i]
                 if s.name != r.node:
                     rep = rep.with_host(s.name, s.cpu_milli_free, s.memory_bytes_free)
-                    r = dataclasses.replace(r, node=s.name)
+                    r = NodeResult(s.name, True, r.rejections, r.chosen, r.untouched)
                 else:
                     rep = s
             states.append(rep)

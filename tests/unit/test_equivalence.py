@@ -188,3 +188,12 @@ def test_free_cpu_and_memory_split_classes_only_for_the_score_and_only_when_frag
     workload = WorkloadProfile(((DemandShape("nvidia.com/gpu", 1, 4000, 16 * 2**30), 1.0),
                                 (DemandShape("nvidia.com/gpu", 2, 16000, 64 * 2**30), 1.0)), version=1)
     assert_same_decisions(Engine(), states, workload=workload)
+
+
+def test_a_state_under_another_nodes_name_and_host_keeps_every_other_field():
+    state = dataclasses.replace(cluster_states()[0], inventory_error=None, cpu_milli_free=1000, memory_bytes_free=2)
+    moved = state.with_host("elsewhere", 3000, 4)
+    assert (moved.name, moved.cpu_milli_free, moved.memory_bytes_free) == ("elsewhere", 3000, 4)
+    for f in dataclasses.fields(state):
+        if f.name not in ("name", "cpu_milli_free", "memory_bytes_free"):
+            assert getattr(moved, f.name) is getattr(state, f.name), f.name
