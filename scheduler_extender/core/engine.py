@@ -187,6 +187,10 @@ asks prioritize right after filter; more entries only lengthen the collector's f
 made them 70 ms at 5,000 nodes)."""
 
 
+MEMO_SCORES = 256
+"""Sets of competing node kinds whose scores an engine remembers (``score_grouped``)."""
+
+
 def frozen_value(value: Any) -> Hashable:
     """A hashable value equal exactly when ``value`` is: dataclasses and pydantic models field by
     field (with their type), lists and tuples as tuples, dicts and sets as frozensets."""
@@ -265,6 +269,7 @@ class Engine:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
         self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
+        self._scores: OrderedDict[Hashable, dict[Hashable, NodeScore]] = OrderedDict()
         self.serial = next(_SERIALS)
 
     def job(self, pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
@@ -364,12 +369,30 @@ class Engine:
             keys = [(g, host_class[h]) if passed[g] else (g,) for g, h in zip(grouped.group_of, host)]
         else:
             keys = list(grouped.group_of)
-        index: dict[Hashable, int] = {}
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
+        parts = list(first)
+        index = {key: i for i, key in enumerate(parts)}
+        score_of = list(map(index.__getitem__, keys))
+        groups = grouped.groups
+        memo_key = None
+        if groups is not None and groups.group_of is grouped.group_of:
+            # The scores of the parts are a function of the job, the workload and which kinds of
+            # passing node (class key, host class) compete: remembered across pods and node lists.
+            class_keys = groups.class_keys
+            job_key = _job_key(decision_job(job))
+            global_parts = [(class_keys[k[0]], *k[1:]) if isinstance(k, tuple) else (class_keys[k],) for k in parts]
+            if job_key is not None:
+                memo_key = (job_key, workload or None, frozenset(
+                    gp for gp, k in zip(global_parts, parts) if passed[k[0] if isinstance(k, tuple) else k]))
+                hit = self._scores.get(memo_key)
+                if hit is not None:
+                    self._scores.move_to_end(memo_key)
+                    return ScoredGroups([hit.get(gp) for gp in global_parts],
+                                        [grouped.results[k[0] if isinstance(k, tuple) else k] for k in parts], score_of)
         states: list[NodeState] = []
         results: list[NodeResult] = []
-        for key, i in dict(zip(reversed(keys), range(len(keys) - 1, -1, -1))).items():  # first node of each part
+        for key, i in first.items():
             g = key[0] if isinstance(key, tuple) else key
-            index[key] = len(states)
             rep, r = grouped.states[g], grouped.results[g]
             if passed[g]:
                 s = node_states[i]
@@ -380,9 +403,13 @@ class Engine:
                     rep = s
             states.append(rep)
             results.append(r)
-        scores = self.score(job, states, results, workload)
-        return ScoredGroups([scores.get(r.node) if r.passed else None for r in results], results,
-                            list(map(index.__getitem__, keys)))
+        by_name = self.score(job, states, results, workload)
+        scores = [by_name.get(r.node) if r.passed else None for r in results]
+        if memo_key is not None:
+            self._scores[memo_key] = {gp: sc for gp, sc in zip(global_parts, scores) if sc is not None}
+            if len(self._scores) > MEMO_SCORES:
+                self._scores.popitem(last=False)
+        return ScoredGroups(scores, results, score_of)
 
     def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
               workload: WorkloadProfile | None = None) -> dict[str, NodeScore]:
