@@ -100,6 +100,8 @@ def values_schema() -> dict[str, Any]:
                               "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
                 "leaderElection": obj({"enabled": {"type": "boolean"}}),
                 "podMaxInUnschedulablePodsDuration": DURATION,
+                "percentageOfNodesToScore": integer(0, "percent of the nodes examined per pod; 0: adaptive",
+                                                    maximum=100),
                 "logVerbosity": integer(0, maximum=10),
                 "extender": obj({
                     "weight": integer(1, "weight of the extender's score"),

@@ -135,6 +135,23 @@ def test_scheduler_image_follows_the_cluster_version(helm_cp):
     assert proc.returncode != 0 and "chart requires kubeVersion: >=1.26.0-0" in proc.stderr
 
 
+def test_the_charts_scheduler_examines_every_node_unless_told_otherwise(helm_cp, chart_scheduler):
+    # kube-scheduler samples nodes before it calls extenders: the chart's profile asks for all of
+    # them (and the real kube-scheduler of chart_scheduler runs with that configuration).
+    _, _, helm, _ = helm_cp
+    assert chart_scheduler["config"]["profiles"][0]["percentageOfNodesToScore"] == 100
+
+    def profile(*sets):
+        rendered = helm("template", RELEASE, str(CHART), "--show-only", "templates/scheduler.yaml", *sets).stdout
+        cm = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap")
+        return yaml.safe_load(cm["data"]["config.yaml"])["profiles"][0]
+
+    assert "percentageOfNodesToScore" not in profile("--set", "scheduler.percentageOfNodesToScore=0")
+    assert profile("--set", "scheduler.percentageOfNodesToScore=50")["percentageOfNodesToScore"] == 50
+    proc = helm("template", RELEASE, str(CHART), "--set", "scheduler.percentageOfNodesToScore=101", check=False)
+    assert proc.returncode != 0 and "percentageOfNodesToScore" in proc.stderr
+
+
 def test_own_scheduler_mode_leaves_the_scheduler_out_and_prints_the_extenders_snippet(helm_cp):
     _, _, helm, _ = helm_cp
     out = helm("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false").stdout
@@ -146,6 +163,7 @@ def test_own_scheduler_mode_leaves_the_scheduler_out_and_prints_the_extenders_sn
                              .split("Edit the policy", 1)[0])
     assert snippet["extenders"][0]["urlPrefix"] == f"http://own-gpuplace-extender.{NS}.svc:8888"
     assert {"name": "nvidia.com/gpu", "ignoredByScheduler": False} in snippet["extenders"][0]["managedResources"]
+    assert "percentageOfNodesToScore: 100" in notes
 
 
 def test_agent_runs_on_gpu_nodes_with_the_runtime_class_and_tolerations_from_values(helm_cp):
