@@ -31,12 +31,13 @@ from scheduler_extender.wire import parse_extender_args
 from tests.harness.gpucluster import node_allocatable
 
 
-def sample_size(nodes: int) -> int:
-    """kube-scheduler's adaptive ``percentageOfNodesToScore``: max(5, 50 - nodes/125) percent,
-    at least 100 nodes (pkg/scheduler/schedule_one.go, numFeasibleNodesToFind)."""
+def sample_size(nodes: int, percentage: int = 0) -> int:
+    """How many nodes kube-scheduler examines per pod (pkg/scheduler/schedule_one.go,
+    numFeasibleNodesToFind): ``percentage`` of them (0: adaptive, max(5, 50 - nodes/125)), at
+    least 100 nodes."""
     if nodes < 100:
         return nodes
-    pct = max(5, 50 - nodes // 125)
+    pct = percentage or max(5, 50 - nodes // 125)
     return max(100, nodes * pct // 100)
 
 
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=500)
     p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--percentage-of-nodes-to-score", type=int, default=0, metavar="PCT",
+                   help="kube-scheduler's percentageOfNodesToScore (default 0: adaptive; the chart sets 100)")
     p.add_argument("--profile", action="store_true", help="print a pyinstrument call tree (bench extra)")
     args = p.parse_args(argv)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     cache.replace_namespaces([{"metadata": {"name": "bench"}}])
     service = ExtenderService(Engine(), ClusterSource(cache, default_catalog()))
     names = sorted(d["nodeName"] for d in docs)
-    window = sample_size(len(names))
+    window = sample_size(len(names), args.percentage_of_nodes_to_score)
     pods = generate_pods(args.pods)
     for i, pod in enumerate(pods):
         pod["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i + 1))
