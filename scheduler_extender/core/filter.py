@@ -359,7 +359,8 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
         return NodeResult(state.name, False, (Rejection(
             C_FREE, f"{max(free_count, 0)} of {len(eligible_at)} eligible {word} free ({in_use} in use), {n} requested",
             resolvable=True),))
-    chosen = choose_units(free, n, nvlink_required=wants_nvlink, nvlink_preferred="nvlink" in req.prefer and n > 1)
+    chosen = choose_units(free, n, nvlink_required=wants_nvlink, nvlink_preferred="nvlink" in req.prefer and n > 1,
+                          presorted=True)
     if chosen is None:  # only when NVLink is required: a linked group exists, but not among free units
         return NodeResult(state.name, False, (Rejection(
             C_NVLINK, f"no {n} free {word} all joined by NVLink ({A_REQUIRE}: nvlink)", resolvable=True),))
@@ -418,15 +419,23 @@ def _structure_verdict(view: NodeView, job: Job) -> tuple[tuple[Rejection, ...],
         rejections.append(Rejection(C_NVLINK, f"{detail}; {n} GPUs joined by NVLink needed ({A_REQUIRE}: nvlink)"))
     elif wants_nvlink and len(eligible) >= n and find_nvlink_group(eligible, n) is None:
         rejections.append(Rejection(C_NVLINK, f"no {n} eligible {word} all joined by NVLink ({A_REQUIRE}: nvlink)"))
+    # In choose_units' order, so that the per-allocation part need not sort.
+    eligible_at.sort(key=lambda i: _choice_order(units[i]))
     return tuple(rejections), tuple(eligible_at)
 
 
+def _choice_order(u: Unit) -> tuple[int, float, int, str]:
+    """Best fit first: least VRAM, cheapest, then by GPU index and UUID (a stable order)."""
+    return (u.memory_bytes, u.cost_fraction, u.gpu_index, u.uuid)
+
+
 def choose_units(free: Sequence[Unit], n: int, *, nvlink_required: bool = False,
-                 nvlink_preferred: bool = False) -> tuple[Unit, ...] | None:
+                 nvlink_preferred: bool = False, presorted: bool = False) -> tuple[Unit, ...] | None:
     """Which free units the pod would most sensibly get: best fit (least VRAM, cheapest first).
 
     With NVLink required or preferred an NVLink-joined group is taken when one exists. Returns
     None when there are fewer than ``n`` units, or NVLink is required and no group exists.
+    ``presorted``: ``free`` is in best-fit order already (``_choice_order``).
     """
     if nvlink_required or nvlink_preferred:
         group = find_nvlink_group(free, n)
@@ -434,7 +443,7 @@ def choose_units(free: Sequence[Unit], n: int, *, nvlink_required: bool = False,
             return group
         if nvlink_required:
             return None
-    ordered = sorted(free, key=lambda u: (u.memory_bytes, u.cost_fraction, u.gpu_index, u.uuid))
+    ordered = free if presorted else sorted(free, key=_choice_order)
     if len(ordered) < n:
         return None
     return tuple(ordered[:n])
