@@ -1,6 +1,6 @@
 """``make bench``: the three benchmarks in one run, a summary, and ``benchmarks/results/*.json``.
 
-    python -m benchmarks            # full run (3.5-6 minutes on 2 cores)
+    python -m benchmarks            # full run (4-7 minutes on 2 cores)
     python -m benchmarks --smoke    # tiny sizes: checks that everything runs (CI), numbers meaningless
     python -m benchmarks --only extender,cache   # skip the control plane
 """
@@ -16,7 +16,7 @@ from benchmarks.common import describe_machine, machine, write_results
 
 FULL = {
     "extender": [],
-    "scheduler": [],
+    "scheduler": ["--floor"],  # the do-nothing extender too: what any Python extender costs kube-scheduler
     "cache": [],
 }
 SMOKE = {
@@ -44,8 +44,17 @@ def summary(results: dict[str, Any]) -> list[str]:
         for size in sched["sizes"]:
             a, b = size["without_extender"]["pods_per_s"], size["with_extender"]["pods_per_s"]
             ratio = f"{size['ratio'] * 100:.0f}%" if size["ratio"] else "n/a"
+            floor = size.get("with_floor_extender")
+            floor_text = (f", with the floor extender {floor['pods_per_s'] or float('nan'):.1f} pods/s = "
+                          f"{size['floor_ratio'] * 100:.0f}%" if floor and size.get("floor_ratio") else "")
             lines.append(f"  {size['nodes']:>6} nodes, {size['pods']} pods: without {a or float('nan'):.1f} pods/s, "
-                         f"with gpuplace {b or float('nan'):.1f} pods/s = {ratio}  [load {size['load_average_start']}]")
+                         f"with gpuplace {b or float('nan'):.1f} pods/s = {ratio}{floor_text}  "
+                         f"[load {size['load_average_start']}]")
+            cpu = size["with_extender"].get("cpu_ms_per_pod", {}).get("extender")
+            handler = size["with_extender"].get("extender_handler_ms") or {}
+            if cpu is not None:
+                lines.append(f"         extender CPU {cpu:.2f} ms per bound pod; handler mean "
+                             + ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in handler.items()))
     cache = results.get("cache")
     if cache:
         ev = cache["events"]

@@ -4,7 +4,7 @@ sizes, no timing asserted — speed is reported by ``make bench``, never asserte
 import json
 from collections import Counter
 
-from benchmarks import bench_cache, bench_extender, micro_scheduler
+from benchmarks import bench_cache, bench_extender, micro_extender, micro_scheduler
 from benchmarks.cluster import NODE_MIX, generate_cluster, generate_pods
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.engine import Engine
@@ -66,3 +66,12 @@ def test_the_in_process_scheduler_replay_places_pods_and_prints_the_time_per_pod
     out = capsys.readouterr().out
     assert "40 nodes, window 40: 30 pods" in out and "ms per pod" in out
     assert micro_scheduler.sample_size(500) == 230 and micro_scheduler.sample_size(5000) == 500
+
+
+def test_the_in_process_filter_timing_reports_first_requests_of_a_spec_apart(capsys):
+    micro_extender.main(["--nodes", "40", "--requests", "30"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("filter")[1].split(":")[0].strip() for line in lines] == [
+        "first of its spec", "repeated spec", "all"]
+    first, repeat = (int(line.split("n=")[1].split()[0]) for line in lines[:2])
+    assert first + repeat == 30 and 0 < first < 30
