@@ -14,7 +14,7 @@ from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate
+from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate, stranded_causes
 from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
 from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
@@ -177,6 +177,37 @@ def test_the_same_seed_gives_the_same_numbers():
         d.pop("run_seconds")
         return d
     assert once() == once()
+
+
+T4_ONLY = frozenset({"t4"})
+
+
+@pytest.mark.parametrize("model, cpu, mem, pending, cause", [
+    ("t4", 2000, 65536, [SimPod("p", 1, cpu_milli=4000, memory_mib=1000)], "cpu"),
+    ("t4", 64000, 1000, [SimPod("p", 1, cpu_milli=1000, memory_mib=4000)], "memory"),
+    ("t4", 1000, 1000, [SimPod("p", 1, cpu_milli=4000, memory_mib=4000)], "cpu_and_memory"),
+    ("a10", 64000, 65536, [SimPod("p", 1, allowed_models=T4_ONLY, cpu_milli=1000, memory_mib=1000)], "model"),
+    ("t4", 64000, 65536, [SimPod("p", 2, cpu_milli=1000, memory_mib=1000)], "gpus"),
+    # short of GPUs and of CPU at once: no single cause
+    ("t4", 1000, 65536, [SimPod("p", 2, cpu_milli=4000, memory_mib=1000)], "other"),
+    # the first cause that applies wins: one pending pod only lacks CPU, another only GPUs
+    ("t4", 2000, 65536, [SimPod("p", 2, cpu_milli=1000), SimPod("q", 1, cpu_milli=4000)], "cpu"),
+])
+def test_stranded_gpus_are_attributed_to_what_keeps_the_pending_pods_off_them(model, cpu, mem, pending, cause):
+    c = Cluster([node("n", model, 1, cpu, mem)], CAT, ENGINE.policy)
+    stranded = c.gpu_free.copy()
+    assert stranded_causes(c, stranded, pending) == {cause: 1}
+    assert stranded_causes(c, stranded * 0, pending) == {}  # nothing stranded, nothing attributed
+
+
+def test_fill_snapshots_report_stranded_gpus_by_cause_summing_to_the_stranded_total():
+    nodes = [node("cpu-poor", "t4", 2, 5000, 65536), node("a10", "a10", 1, 64000, 65536)]
+    # the first T4-only pod leaves the T4 node 1 GPU and too little CPU; the next two wait
+    pods = [SimPod(f"t{i}", 1, allowed_models=T4_ONLY, cpu_milli=4000, memory_mib=1000) for i in range(3)]
+    res = run_fill(nodes, iter(pods), KubeBaseline("spread", CAT), ENGINE, [1.0], seed=0)[1.0]
+    assert res.stranded_gpus == 2 and res.stranded_by_cause == {"cpu": 1, "model": 1}
+    agg = report.aggregate([res])
+    assert agg["stranded_by_cause"] == {"cpu": 1.0, "model": 1.0}
 
 
 # ---- baselines ----------------------------------------------------------------------------------
