@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.workload import WorkloadTracker
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
@@ -230,6 +231,22 @@ def test_baselines_count_devices_not_vram_so_a_13b_model_lands_on_a_24gb_card():
     c = Cluster(nodes, CAT, ENGINE.policy)
     assert KubeBaseline("spread", CAT).choose(pod, c, random.Random(0)) is not None
     assert GpuplacePolicy(ENGINE).choose(pod, c, random.Random(0)) is None
+
+
+def test_gpuplace_scores_and_learns_each_pod_with_its_own_cpu_and_memory_requests():
+    # Two pods alike but for their host requests: the engine must see each one's own (the
+    # fragmentation score and the learned workload read them), not the first one's.
+    light = SimPod("light", 1, cpu_milli=1000, memory_mib=1024)
+    heavy = SimPod("heavy", 1, cpu_milli=30000, memory_mib=65536)
+    pol = GpuplacePolicy(ENGINE)
+    pol.tracker = WorkloadTracker(refresh_pods=1)
+    assert (pol.job(light).cpu_milli, pol.job(heavy).cpu_milli) == (1000, 30000)
+    assert pol.job(heavy).memory_bytes == 65536 * 2**20
+    c = Cluster([node("n", "t4", 4, 64000, 262144)], CAT, ENGINE.policy)
+    for p in (light, heavy):
+        pol.choose(p, c, random.Random(0))
+    learned = {s.cpu_milli for s, _ in pol.tracker.profile().shapes}
+    assert learned == {1000, 30000}
 
 
 def test_static_map_pins_a_70b_model_to_premium_gpus_and_a_3b_model_to_small_ones():
