@@ -115,9 +115,14 @@ class GpuplacePolicy:
         self.tracker = WorkloadTracker()
 
     def job(self, pod: SimPod) -> Job:
-        j = self._jobs.get(pod.signature)
+        """The engine's ``Job`` for the pod's manifest, one per kind of pod: keyed on the signature
+        plus the CPU/memory requests, which the filter does not read but the score's
+        ``fragmentation`` and the learned workload do (keyed on the signature alone, every pod of a
+        signature was scored and learned with the first one's requests)."""
+        key = (pod.signature, pod.cpu_milli, pod.memory_mib)
+        j = self._jobs.get(key)
         if j is None:
-            j = self._jobs[pod.signature] = self.engine.job(pod.manifest())
+            j = self._jobs[key] = self.engine.job(pod.manifest())
         return j
 
     def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:

@@ -6,6 +6,7 @@ JSON shape (``to_json``)::
                                 "unplaced": mean, "oom_risk": mean or null,
                                 "premium_gpu_hours_wasted": mean, "cost_per_hour": mean, ...,
                                 "stranded_by_model": {model: mean},
+                                "stranded_by_cause": {cause: mean} (``run.STRANDED_CAUSES``),
                                 "spread": {metric: sample standard deviation over seeds}}}},
      "seeds": [...], "run_seconds": {NAME: s}, "meta": {...}}
 
@@ -21,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from simulator.run import RunResult, Snapshot
+from simulator.run import STRANDED_CAUSES, RunResult, Snapshot
 
 METRICS = ("allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk", "premium_gpu_hours_wasted",
            "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
@@ -48,6 +49,8 @@ def aggregate(snaps: Sequence[Snapshot]) -> dict[str, Any]:
         spread[m] = statistics.stdev(values) if len(values) > 1 else 0.0
     models = sorted({k for s in snaps for k in s.stranded_by_model})
     out["stranded_by_model"] = {k: statistics.fmean(s.stranded_by_model.get(k, 0) for s in snaps) for k in models}
+    causes = [c for c in STRANDED_CAUSES if any(c in s.stranded_by_cause for s in snaps)]
+    out["stranded_by_cause"] = {c: statistics.fmean(s.stranded_by_cause.get(c, 0) for s in snaps) for c in causes}
     out["spread"] = spread
     return out
 

@@ -13,7 +13,8 @@ retried whenever GPUs are freed. Measured over the span from the first to the la
 Metrics per run and load (``Snapshot``):
 - ``allocation_ratio``: allocated GPUs / fleet GPUs (replay: time average);
 - ``stranded_gpus``: free GPUs on nodes where no pending pod fits under the policy's own
-  filter (0 when nothing is pending), also by model;
+  filter (0 when nothing is pending), also by model and by cause (``stranded_by_cause``,
+  ``STRANDED_CAUSES``: what keeps the pending pods off those GPUs);
 - ``placed`` / ``unplaced`` GPU pods, and ``sharing_placed`` / ``sharing_unplaced`` for openb's
   GPU-sharing pods (rounded up to one GPU);
 - ``oom_risk``: placed pods whose GPUs have less VRAM than gpuplace's estimate of their need
@@ -66,6 +67,7 @@ class Snapshot:
     sharing_unplaced: int = 0
     allocated_gpus: float = 0.0
     stranded_by_model: dict[str, int] = field(default_factory=dict)
+    stranded_by_cause: dict[str, int] = field(default_factory=dict)
     queue_delay_hours_mean: float | None = None
     queue_delay_hours_max: float | None = None
 
@@ -112,27 +114,59 @@ class Judge:
         return self.policy.tier(u.entry) == "premium"
 
 
-def _stranded(cluster: Cluster, policy: PlacementPolicy, pending: Iterable[SimPod]) -> tuple[int, dict[str, int]]:
-    usable = np.zeros(len(cluster.nodes), dtype=bool)
-    any_pending = False
-    seen: set[tuple] = set()
+STRANDED_CAUSES = ("cpu", "memory", "cpu_and_memory", "model", "gpus", "other")
+"""Why a stranded node's free GPUs serve no pending pod, the first that applies: some pending pod
+would fit but for the node's free ``cpu`` / ``memory`` / both (its GPU count and model fit); some
+would fit but may not use the node's GPU ``model``; every pending pod that fits the node's host
+resources and model needs more ``gpus`` than are free; ``other``: the policy's own filter (e.g.
+gpuplace's VRAM check) or several of these at once."""
+
+
+def stranded_causes(cluster: Cluster, stranded: np.ndarray, pending: Sequence[SimPod]) -> dict[str, int]:
+    """Stranded GPUs (``stranded``: per node, 0 where not stranded) by ``STRANDED_CAUSES``, judged
+    on the cluster's own bookkeeping (free GPUs, GPU model, free CPU and memory) against the pending
+    pods, one per shape. Causes with no GPU are left out."""
+    nodes = stranded > 0
+    hits = {c: np.zeros(len(cluster.nodes), dtype=bool) for c in STRANDED_CAUSES[:-1]}
     for pod in pending:
-        any_pending = True
-        if pod.shape in seen:
+        gpus = cluster.gpu_free >= pod.gpus
+        model = cluster.model_mask(pod.allowed_models)
+        cpu = cluster.cpu_free >= (pod.cpu_milli or 0)
+        mem = cluster.mem_free >= (pod.memory_mib or 0)
+        hits["cpu"] |= gpus & model & ~cpu & mem
+        hits["memory"] |= gpus & model & cpu & ~mem
+        hits["cpu_and_memory"] |= gpus & model & ~cpu & ~mem
+        hits["model"] |= gpus & ~model & cpu & mem
+        hits["gpus"] |= ~gpus & model & cpu & mem
+    out: dict[str, int] = {}
+    for cause in STRANDED_CAUSES:
+        mask = nodes & hits[cause] if cause in hits else nodes
+        n = int(stranded[mask].sum())
+        if n:
+            out[cause] = n
+        nodes = nodes & ~mask
+    return out
+
+
+def _stranded(cluster: Cluster, policy: PlacementPolicy, pending: Iterable[SimPod]
+              ) -> tuple[int, dict[str, int], dict[str, int]]:
+    usable = np.zeros(len(cluster.nodes), dtype=bool)
+    shapes: dict[tuple, SimPod] = {}
+    for pod in pending:
+        if pod.shape in shapes:
             continue
-        seen.add(pod.shape)
-        usable |= policy.feasible(pod, cluster)
-        if usable.all():
-            break
-    if not any_pending:
-        return 0, {}
+        shapes[pod.shape] = pod
+        if not usable.all():
+            usable |= policy.feasible(pod, cluster)
+    if not shapes:
+        return 0, {}, {}
     stranded = np.where(usable, 0, cluster.gpu_free)
     by_model: dict[str, int] = {}
     for ix, mid in enumerate(cluster.models):
         n = int(stranded[cluster.model_of == ix].sum())
         if n:
             by_model[mid] = n
-    return int(stranded.sum()), by_model
+    return int(stranded.sum()), by_model, stranded_causes(cluster, stranded, list(shapes.values()))
 
 
 def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[int | None, float]:
@@ -186,14 +220,14 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterator[SimPod], policy: Placeme
             progress(n)
         while targets and requested >= targets[0] * cluster.capacity:
             load = targets.pop(0)
-            stranded, by_model = _stranded(cluster, policy, pending)
+            stranded, by_model, by_cause = _stranded(cluster, policy, pending)
             oom, wasted = _placement_totals(placed, judge)
             out[load] = Snapshot(
                 allocation_ratio=cluster.allocated / cluster.capacity, stranded_gpus=stranded,
                 placed=len(placed), unplaced=len(pending), oom_risk=oom, premium_gpu_hours_wasted=wasted,
                 cost_per_hour=cluster.cost_per_hour, allocated_gpus=cluster.allocated,
                 sharing_placed=sum(p.pod.sharing for p in placed), sharing_unplaced=sum(p.sharing for p in pending),
-                stranded_by_model=by_model,
+                stranded_by_model=by_model, stranded_by_cause=by_cause,
             )
         if not targets:
             break
@@ -273,7 +307,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
             queue.append((pod, t))
         if progress is not None and n % 200 == 0:
             progress(n)
-    stranded, by_model = _stranded(cluster, policy, (q for q, _ in queue))
+    stranded, by_model, by_cause = _stranded(cluster, policy, (q for q, _ in queue))
     oom, wasted = _placement_totals(started, judge)
     span = max(end, 1e-9)
     return Snapshot(
@@ -281,7 +315,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         placed=len(started), unplaced=len(queue), oom_risk=oom, premium_gpu_hours_wasted=wasted,
         cost_per_hour=cost_integral / span, allocated_gpus=alloc_integral / span,
         sharing_placed=sum(p.pod.sharing for p in started), sharing_unplaced=sum(q.sharing for q, _ in queue),
-        stranded_by_model=by_model,
+        stranded_by_model=by_model, stranded_by_cause=by_cause,
         queue_delay_hours_mean=(sum(delays) / len(delays) / 3600) if delays else None,
         queue_delay_hours_max=(max(delays) / 3600) if delays else None,
     )

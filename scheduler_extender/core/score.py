@@ -15,15 +15,22 @@ policy), x10, rounded. Components, in order of default weight:
   to the best candidate (unknown earns no credit).
 - ``nvlink`` / ``ecc``: ``gpuplace.io/prefer`` — the chosen GPUs are NVLink-joined / have ECC on.
 - ``packing``: fill nodes that are already partly used (kube-scheduler's MostAllocated), and
-  keep a wholly free node of 8+ GPUs for a job that needs all of them.
+  keep a wholly free node of 8+ GPUs for a job that needs all of them. Left out where
+  ``fragmentation`` applies: the learned workload then measures what packing guesses (a whole
+  node is kept when the pods seen need whole nodes); kept, the GPU-only MostAllocated fills nodes
+  whatever their CPU and memory, which stranded GPUs on the openb trace at 130 % load (README
+  "Simulate before you deploy").
 - ``fragmentation``: keep free GPUs usable by the pods the cluster sees: how much placing the pod
   raises the node's expected unusable free GPUs against the learned target workload
   (``core.workload``; Weng et al., "Beware of Fragmentation", USENIX ATC'23, "fragmentation
-  gradient descent"), relative to the best candidate (``fragmentation_values``). Placing on GPUs
+  gradient descent"), plus how much it raises the free GPUs the node's free CPU and memory could
+  not feed at the workload's mean request per GPU (``host_stranding_delta``, a look-ahead over all
+  of the node's free GPUs where FGD's check sees only the next pod), relative to the best
+  candidate (``fragmentation_values``). Placing on GPUs
   of a model many expected pods may not use lowers it (those GPUs were fragments already), so
   the models constrained pods need are kept for them; leaving free GPUs on a node whose CPU or
-  memory the expected pods would not find raises it. Its default weight (100 against cost 5 and
-  packing 2) makes it decide first. When it tells no candidate apart it is left out, so cost and
+  memory the expected pods would not find raises it. Its default weight (100 against cost 5)
+  makes it decide first. When it tells no candidate apart it is left out, so cost and
   the rest order equally fragmenting nodes exactly as without it (with a constant 100 in the mean,
   they would move a score by less than one step). Applies only when the caller passes a
   non-empty ``WorkloadProfile``; a node's unknown (None) CPU or memory is not checked.
@@ -103,6 +110,24 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
     return workload.fragmentation(resource, after, cpu_after, mem_after) - before_f
 
 
+def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:
+    """The change in ``WorkloadProfile.host_stranding`` of the node when the pod takes ``chosen``
+    and its CPU/memory requests: free devices the node's free CPU or memory could not feed at the
+    workload's mean request per device, after minus before; in devices, between -len(chosen) and
+    the free devices left. 0 when the node's CPU and memory are unknown."""
+    resource = job.req.resource or ""
+    cpu, mem = state.cpu_milli_free, state.memory_bytes_free
+    if cpu is None and mem is None:
+        return 0.0
+    free_uuids, before = _free_models(state, resource)
+    g_before = sum(n for _, n in before)
+    g_after = g_before - sum(1 for u in chosen if u.uuid in free_uuids)
+    cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
+    mem_after = None if mem is None else mem - (job.memory_bytes or 0)
+    return (workload.host_stranding(resource, g_after, cpu_after, mem_after)
+            - workload.host_stranding(resource, g_before, cpu, mem))
+
+
 _FREE_MODELS = "_gpuplace_free_models"
 
 
@@ -123,8 +148,9 @@ FRAG_SCALE_GPUS = 1.0
 
 
 def fragmentation_values(deltas: Mapping[str, float]) -> dict[str, float]:
-    """Component values from each candidate's ``fragmentation_delta``: 1 for the least increase,
-    down to 0 at ``FRAG_SCALE_GPUS`` devices more."""
+    """Component values from each candidate's increase (``score_nodes`` passes
+    ``fragmentation_delta`` + ``host_stranding_delta``): 1 for the least increase, down to 0 at
+    ``FRAG_SCALE_GPUS`` devices more."""
     best = min(deltas.values(), default=0.0)
     return {k: max(0.0, 1.0 - (d - best) / FRAG_SCALE_GPUS) for k, d in deltas.items()}
 
@@ -156,7 +182,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
     training = job.workload in ("training", "finetune-lora")
     frag: dict[str, float] = {}
     if workload and w.fragmentation > 0 and gpu_pods:
-        frag = fragmentation_values({r.node: fragmentation_delta(job, s, r.chosen, workload) for s, r in gpu_pods})
+        frag = fragmentation_values({r.node: fragmentation_delta(job, s, r.chosen, workload)
+                                     + host_stranding_delta(job, s, r.chosen, workload) for s, r in gpu_pods})
         if len(set(frag.values())) == 1:
             frag = {}  # tells no candidate apart: leave the other components their full say
 
@@ -181,9 +208,10 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
             comps["nvlink"] = 1.0 if find_nvlink_group(units, n) is not None else 0.0
         if "ecc" in req.prefer:
             comps["ecc"] = sum(u.ecc_enabled is True for u in units) / len(units)
-        comps["packing"] = _packing(state, result, job)
         if frag:
             comps["fragmentation"] = frag[result.node]
+        else:
+            comps["packing"] = _packing(state, result, job)
         weights = {k: getattr(w, {"vramFit": "vram_fit"}.get(k, k)) for k in comps}
         total_w = sum(weights.values())
         value = sum(weights[k] * comps[k] for k in comps) / total_w if total_w else 0.0

@@ -227,3 +227,64 @@ def test_extender_learns_the_workload_from_the_pods_filter_sees_and_steers_by_it
     assert scores["gpu-a6000-0"] > scores["gpu-4090-0"]
     plain = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", CAT)).prioritize(args(0))
     assert {s["Host"]: s["Score"] for s in plain}["gpu-4090-0"] > {s["Host"]: s["Score"] for s in plain}["gpu-a6000-0"]
+
+
+# ---- host stranding: the look-ahead over all of a node's free GPUs ---------------------------
+
+LIGHT = DemandShape(GPU, 1, 2000, 8 * GIB)
+HEAVY = DemandShape(GPU, 1, 14000, 8 * GIB)
+
+
+@pytest.mark.parametrize("free, cpu, mem_gib, expected", [
+    (4, 64000, 256, 0.0),    # 8 of the mean pod's CPU and 32 of its memory: all 4 GPUs fed
+    (4, 30000, 256, 0.25),   # 30,000 / 8,000 mean millicores per GPU = 3.75 GPUs fed
+    (4, 64000, 16, 2.0),     # 16 GiB / 8 GiB per GPU: 2 fed
+    (4, None, 16, 2.0),      # unknown CPU is not checked, memory still is
+    (4, None, None, 0.0),    # nothing known: nothing stranded
+    (2, -1000, 256, 2.0),    # overcommitted CPU counts as none
+    (0, 0, 0, 0.0),
+])
+def test_host_stranding_is_free_gpus_minus_those_the_free_cpu_and_memory_feed_at_the_mean_request(
+        free, cpu, mem_gib, expected):
+    profile = profile_of({LIGHT: 1, HEAVY: 1})
+    assert profile.mean_request_per_device(GPU) == (8000, 8 * GIB)
+    mem = None if mem_gib is None else mem_gib * GIB
+    assert profile.host_stranding(GPU, free, cpu, mem) == pytest.approx(expected)
+
+
+def test_mean_request_per_device_weighs_by_devices_and_share_and_skips_unknown_requests():
+    profile = profile_of({DemandShape(GPU, 2, 8000, None): 1, DemandShape(GPU, 1, 2000, 4 * GIB): 1})
+    # (8,000 + 2,000) millicores over (2 + 1) devices; memory only from the shape that gives it
+    assert profile.mean_request_per_device(GPU) == (pytest.approx(10000 / 3), 4 * GIB)
+    assert profile.mean_request_per_device("nvidia.com/mig-1g.10gb") == (None, None)
+
+
+@pytest.mark.parametrize("pod_cpu, expected_best", [("14", "rich"), ("2", "poor")])
+def test_cpu_heavy_pods_go_where_cpu_is_to_spare_and_light_ones_where_it_is_short(pod_cpu, expected_best):
+    # The next pod fits both nodes either way, so FGD's one-pod check cannot tell them apart; the
+    # look-ahead can: 3 GPUs left with 16 cores feed 2 mean pods (8 cores each), not 3.
+    states = [node("poor", A10, 4, cpu=30000, mem_gib=256), node("rich", A10, 4, cpu=64000, mem_gib=256)]
+    job, results, scores = decide(host_pod(cpu=pod_cpu, memory="8Gi"), states, profile_of({LIGHT: 1, HEAVY: 1}))
+    assert {fragmentation_delta(job, s, r.chosen, profile_of({LIGHT: 1, HEAVY: 1}))
+            for s, r in zip(states, results)} == {0.0}
+    frag = {n: s.components["fragmentation"] for n, s in scores.items()}
+    assert frag[expected_best] == 1.0 and min(frag.values()) < 1.0, frag
+
+
+def test_a_stream_of_heavy_and_light_pods_fills_every_gpu_where_the_one_pod_check_strands_one():
+    # Two 4-GPU nodes, one short of CPU. Ties go to the first node listed (as a fixed tie-break).
+    # FGD alone sends the first heavy pod to the CPU-short node (the next pod still fits), light
+    # pods then fill the other, and the last heavy pods leave a GPU there without CPU.
+    workload = profile_of({LIGHT: 1, HEAVY: 1})
+    cpu = {"poor": 30000, "rich": 64000}
+    held = {"poor": 0, "rich": 0}
+    order = ["14", "2", "2", "2", "2", "14", "14", "14"]
+    for c in order:
+        states = [node(n, A10, 4, held=held[n], cpu=cpu[n], mem_gib=256) for n in ("poor", "rich")]
+        job, results, scores = decide(host_pod(cpu=c, memory="8Gi"), states, workload)
+        passed = [r.node for r in results if r.passed and cpu[r.node] >= int(c) * 1000]  # + NodeResourcesFit
+        assert passed, f"pod {c} cores unplaced with {held} GPUs held and {cpu} millicores free"
+        best = max(passed, key=lambda n: (scores[n].score, n == "poor"))
+        held[best] += 1
+        cpu[best] -= int(c) * 1000
+    assert held == {"poor": 4, "rich": 4}

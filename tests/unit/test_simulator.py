@@ -10,11 +10,12 @@ import sys
 import pytest
 
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.workload import WorkloadTracker
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate
+from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate, stranded_causes
 from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
 from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
@@ -179,6 +180,37 @@ def test_the_same_seed_gives_the_same_numbers():
     assert once() == once()
 
 
+T4_ONLY = frozenset({"t4"})
+
+
+@pytest.mark.parametrize("model, cpu, mem, pending, cause", [
+    ("t4", 2000, 65536, [SimPod("p", 1, cpu_milli=4000, memory_mib=1000)], "cpu"),
+    ("t4", 64000, 1000, [SimPod("p", 1, cpu_milli=1000, memory_mib=4000)], "memory"),
+    ("t4", 1000, 1000, [SimPod("p", 1, cpu_milli=4000, memory_mib=4000)], "cpu_and_memory"),
+    ("a10", 64000, 65536, [SimPod("p", 1, allowed_models=T4_ONLY, cpu_milli=1000, memory_mib=1000)], "model"),
+    ("t4", 64000, 65536, [SimPod("p", 2, cpu_milli=1000, memory_mib=1000)], "gpus"),
+    # short of GPUs and of CPU at once: no single cause
+    ("t4", 1000, 65536, [SimPod("p", 2, cpu_milli=4000, memory_mib=1000)], "other"),
+    # the first cause that applies wins: one pending pod only lacks CPU, another only GPUs
+    ("t4", 2000, 65536, [SimPod("p", 2, cpu_milli=1000), SimPod("q", 1, cpu_milli=4000)], "cpu"),
+])
+def test_stranded_gpus_are_attributed_to_what_keeps_the_pending_pods_off_them(model, cpu, mem, pending, cause):
+    c = Cluster([node("n", model, 1, cpu, mem)], CAT, ENGINE.policy)
+    stranded = c.gpu_free.copy()
+    assert stranded_causes(c, stranded, pending) == {cause: 1}
+    assert stranded_causes(c, stranded * 0, pending) == {}  # nothing stranded, nothing attributed
+
+
+def test_fill_snapshots_report_stranded_gpus_by_cause_summing_to_the_stranded_total():
+    nodes = [node("cpu-poor", "t4", 2, 5000, 65536), node("a10", "a10", 1, 64000, 65536)]
+    # the first T4-only pod leaves the T4 node 1 GPU and too little CPU; the next two wait
+    pods = [SimPod(f"t{i}", 1, allowed_models=T4_ONLY, cpu_milli=4000, memory_mib=1000) for i in range(3)]
+    res = run_fill(nodes, iter(pods), KubeBaseline("spread", CAT), ENGINE, [1.0], seed=0)[1.0]
+    assert res.stranded_gpus == 2 and res.stranded_by_cause == {"cpu": 1, "model": 1}
+    agg = report.aggregate([res])
+    assert agg["stranded_by_cause"] == {"cpu": 1.0, "model": 1.0}
+
+
 # ---- baselines ----------------------------------------------------------------------------------
 
 def test_spread_takes_the_emptiest_node_and_bestfit_the_fullest():
@@ -199,6 +231,22 @@ def test_baselines_count_devices_not_vram_so_a_13b_model_lands_on_a_24gb_card():
     c = Cluster(nodes, CAT, ENGINE.policy)
     assert KubeBaseline("spread", CAT).choose(pod, c, random.Random(0)) is not None
     assert GpuplacePolicy(ENGINE).choose(pod, c, random.Random(0)) is None
+
+
+def test_gpuplace_scores_and_learns_each_pod_with_its_own_cpu_and_memory_requests():
+    # Two pods alike but for their host requests: the engine must see each one's own (the
+    # fragmentation score and the learned workload read them), not the first one's.
+    light = SimPod("light", 1, cpu_milli=1000, memory_mib=1024)
+    heavy = SimPod("heavy", 1, cpu_milli=30000, memory_mib=65536)
+    pol = GpuplacePolicy(ENGINE)
+    pol.tracker = WorkloadTracker(refresh_pods=1)
+    assert (pol.job(light).cpu_milli, pol.job(heavy).cpu_milli) == (1000, 30000)
+    assert pol.job(heavy).memory_bytes == 65536 * 2**20
+    c = Cluster([node("n", "t4", 4, 64000, 262144)], CAT, ENGINE.policy)
+    for p in (light, heavy):
+        pol.choose(p, c, random.Random(0))
+    learned = {s.cpu_milli for s, _ in pol.tracker.profile().shapes}
+    assert learned == {1000, 30000}
 
 
 def test_static_map_pins_a_70b_model_to_premium_gpus_and_a_3b_model_to_small_ones():
