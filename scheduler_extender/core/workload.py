@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Hashable, Iterable, Mapping
 
 from scheduler_extender.core.devices import Unit
 from scheduler_extender.core.job import Job
@@ -110,18 +110,29 @@ class WorkloadProfile:
     def __bool__(self) -> bool:
         return bool(self._by_resource)
 
-    def host_class(self, resource: str, cpu_milli_free: int | None,
+    def host_ranks(self, resource: str, cpu_milli_free: int | None,
                    memory_bytes_free: int | None) -> tuple[int | None, int | None]:
         """Where free CPU and memory fall among the requests of this resource's shapes (ranks;
         None: unknown). Which shapes fit a node depends on its free CPU/memory only through
-        these ranks, so nodes with the same free devices and the same ``host_class`` have the
-        same ``fit_share`` and ``fragmentation``; the engine groups nodes by it for the score."""
+        these ranks, so nodes with the same free devices and ranks have the same ``fit_share``
+        and ``fragmentation``."""
         group = self._by_resource.get(resource)
         if group is None:
             return (None, None)
         _, cpus, mems = group
         return (None if cpu_milli_free is None else bisect.bisect_right(cpus, cpu_milli_free),
                 None if memory_bytes_free is None else bisect.bisect_right(mems, memory_bytes_free))
+
+    def host_class(self, resource: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> Hashable:
+        """Equal for free CPU/memory amounts that nothing here tells apart: nodes with the same
+        free devices and the same ``host_class`` have the same ``fit_share``, ``fragmentation``
+        and ``host_stranding``, and the engine scores them once (``Engine.score_grouped``). The
+        ranks (``host_ranks``), and the exact amount of each of CPU and memory the workload gives
+        a mean request per device for (``host_stranding`` divides by it)."""
+        cpu_mean, mem_mean = self.mean_request_per_device(resource)
+        exact_cpu = max(0, cpu_milli_free) if cpu_milli_free is not None and cpu_mean else None
+        exact_mem = max(0, memory_bytes_free) if memory_bytes_free is not None and mem_mean else None
+        return (*self.host_ranks(resource, cpu_milli_free, memory_bytes_free), exact_cpu, exact_mem)
 
     def fit_share(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
                   memory_bytes_free: int | None) -> float:
@@ -131,7 +142,7 @@ class WorkloadProfile:
         if group is None:
             return 1.0
         shapes = group[0]
-        ci, mi = self.host_class(resource, cpu_milli_free, memory_bytes_free)
+        ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
         key = (resource, free, ci, mi)
         hit = self._memo.get(key)
         if hit is not None:

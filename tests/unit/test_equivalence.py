@@ -181,7 +181,9 @@ def test_free_cpu_and_memory_split_classes_only_for_the_score_and_only_when_frag
     # fragmentation component reads CPU/memory, and the score must still equal the direct one.
     rng = random.Random(11)
     base = cluster_states()
-    states = [dataclasses.replace(s, cpu_milli_free=rng.choice([None, 2000, 8000, 64000]),
+    # 8000 and 12000 fall between the same requests (4000, 16000), which the host-stranding term
+    # still tells apart (it divides free CPU by the mean request per GPU).
+    states = [dataclasses.replace(s, cpu_milli_free=rng.choice([None, 2000, 8000, 12000, 64000]),
                                   memory_bytes_free=rng.choice([None, 8 * 2**30, 512 * 2**30])) for s in base]
     grouped = Engine().filter_grouped(Engine().job(pods()[0]), states, None)
     assert len(grouped.results) == len(Engine().filter_grouped(Engine().job(pods()[0]), base, None).results)
