@@ -89,9 +89,32 @@ class GroupedResults:
     @functools.cached_property
     def sizes(self) -> list[int]:
         """Per class, how many input nodes it has."""
-        if self.groups is not None and self.groups.group_of is self.group_of:
-            return self.groups.sizes  # counted once per node list
+        if self._from_groups:
+            return self.groups.sizes  # type: ignore[union-attr]  # counted once per node list
         return _sizes(self.group_of, len(self.results))
+
+    @functools.cached_property
+    def first_index(self) -> list[int]:
+        """Per class, the position of its first input node."""
+        return self.groups.first_index if self._from_groups else _first_index(self.group_of)  # type: ignore[union-attr]
+
+    @functools.cached_property
+    def host_known(self) -> bool:
+        """Whether any input node's free CPU or memory is known."""
+        return self.groups.host_known if self._from_groups else _host_known(self.node_states)  # type: ignore[union-attr]
+
+    @property
+    def _from_groups(self) -> bool:
+        return self.groups is not None and self.groups.group_of is self.group_of
+
+
+def _first_index(group_of: Sequence[int]) -> list[int]:
+    # Classes are numbered in order of first appearance: the k-th first position is class k's.
+    return sorted(dict(zip(reversed(group_of), range(len(group_of) - 1, -1, -1))).values())
+
+
+def _host_known(states: Sequence[NodeState]) -> bool:
+    return bool(set(map(_CPU_FREE, states)) - {None} or set(map(_MEMORY_FREE, states)) - {None})
 
 
 def _sizes(group_of: Sequence[int], classes: int) -> list[int]:
@@ -143,6 +166,7 @@ class NodeGroups:
     names: list[str]
     oldest_observed_ts: float | None
     serial: int = dataclasses.field(default_factory=lambda: next(_SERIALS))
+    states: list[NodeState] = dataclasses.field(default_factory=list, repr=False)  # per node, input order
 
     @functools.cached_property
     def members(self) -> list[list[str]]:
@@ -153,6 +177,16 @@ class NodeGroups:
     def sizes(self) -> list[int]:
         """Per class, how many nodes it has."""
         return _sizes(self.group_of, len(self.class_keys))
+
+    @functools.cached_property
+    def first_index(self) -> list[int]:
+        """Per class, the position of its first node."""
+        return _first_index(self.group_of)
+
+    @functools.cached_property
+    def host_known(self) -> bool:
+        """Whether any node's free CPU or memory is known."""
+        return _host_known(self.states)
 
 
 _SERIALS = itertools.count()
@@ -183,7 +217,8 @@ def group_nodes(states: Sequence[NodeState], keys: Sequence[int], names: Sequenc
         names = [s.name for s in states]
     if oldest_observed_ts is _NOT_GIVEN:
         oldest_observed_ts = oldest_observed(states)
-    return NodeGroups(list(index), [first[k] for k in index], group_of, list(names), oldest_observed_ts)
+    return NodeGroups(list(index), [first[k] for k in index], group_of, list(names), oldest_observed_ts,
+                      states=states if isinstance(states, list) else list(states))
 
 
 MEMO_JOBS = 32
@@ -365,22 +400,27 @@ class Engine:
         resource = job.req.resource
         node_states = grouped.node_states
         passed = [r.passed for r in grouped.results]
-        keys: list[Hashable] = list(grouped.group_of)
-        if workload and self.policy.scoring.fragmentation and resource is not None and any(passed):
+        # A part: (class index, host class), or the class alone when nothing reads free CPU/memory.
+        parts: list[tuple[Hashable, ...]]
+        if (workload and self.policy.scoring.fragmentation and resource is not None and any(passed)
+                and grouped.host_known):
             host = list(zip(map(_CPU_FREE, node_states), map(_MEMORY_FREE, node_states)))
-            distinct = set(host)  # far fewer than nodes
-            if distinct != {(None, None)}:
-                cpu_need, mem_need = job.cpu_milli or 0, job.memory_bytes or 0
-                host_class: dict[tuple[int | None, int | None], Hashable] = {}
-                for cpu, mem in distinct:
-                    host_class[(cpu, mem)] = (workload.host_class(resource, cpu, mem), workload.host_class(
-                        resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - mem_need))
-                # Failed classes are split too (they are not scored): no per-node test of the verdict.
-                keys = list(zip(grouped.group_of, map(host_class.__getitem__, host)))
-        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
-        parts = list(first)
-        index = {key: i for i, key in enumerate(parts)}
-        score_of = list(map(index.__getitem__, keys))
+            cpu_need, mem_need = job.cpu_milli or 0, job.memory_bytes or 0
+            host_class: dict[tuple[int | None, int | None], Hashable] = {}
+            for cpu, mem in set(host):  # distinct free CPU/memory pairs: far fewer than nodes
+                host_class[(cpu, mem)] = (workload.host_class(resource, cpu, mem), workload.host_class(
+                    resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - mem_need))
+            # Failed classes are split too (they are not scored): no per-node test of the verdict.
+            keys = list(zip(grouped.group_of, map(host_class.__getitem__, host)))
+            first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
+            parts = list(first)
+            first_of = list(first.values())
+            index = {key: i for i, key in enumerate(parts)}
+            score_of = list(map(index.__getitem__, keys))
+        else:  # the filter classes themselves: nothing per node
+            parts = [(g,) for g in range(len(passed))]
+            first_of = grouped.first_index
+            score_of = grouped.group_of
         groups = grouped.groups
         memo_key = None
         if groups is not None and groups.group_of is grouped.group_of:
@@ -388,19 +428,19 @@ class Engine:
             # passing node (class key, host class) compete: remembered across pods and node lists.
             class_keys = groups.class_keys
             job_key = _job_key(decision_job(job))
-            global_parts = [(class_keys[k[0]], *k[1:]) if isinstance(k, tuple) else (class_keys[k],) for k in parts]
+            global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]
             if job_key is not None:
                 memo_key = (job_key, workload or None, frozenset(
-                    gp for gp, k in zip(global_parts, parts) if passed[k[0] if isinstance(k, tuple) else k]))
+                    gp for gp, k in zip(global_parts, parts) if passed[k[0]]))
                 hit = self._scores.get(memo_key)
                 if hit is not None:
                     self._scores.move_to_end(memo_key)
                     return ScoredGroups([hit.get(gp) for gp in global_parts],
-                                        [grouped.results[k[0] if isinstance(k, tuple) else k] for k in parts], score_of)
+                                        [grouped.results[k[0]] for k in parts], score_of)
         states: list[NodeState] = []
         results: list[NodeResult] = []
-        for key, i in first.items():
-            g = key[0] if isinstance(key, tuple) else key
+        for key, i in zip(parts, first_of):
+            g = key[0]
             rep, r = grouped.states[g], grouped.results[g]
             if passed[g]:
                 s = node_states[i]
