@@ -114,7 +114,8 @@ def _first_index(group_of: Sequence[int]) -> list[int]:
 
 
 def _host_known(states: Sequence[NodeState]) -> bool:
-    return bool(set(map(_CPU_FREE, states)) - {None} or set(map(_MEMORY_FREE, states)) - {None})
+    # Stops at the first known node: in cluster mode the first one, in static mode none.
+    return any(s.cpu_milli_free is not None or s.memory_bytes_free is not None for s in states)
 
 
 def _sizes(group_of: Sequence[int], classes: int) -> list[int]:
