@@ -68,6 +68,8 @@ class GroupedResults:
             ``groups`` given, or a node near the staleness limit). Callers may cache what they
             derive from the results under it.
         node_states: every input node's state, in input order.
+        groups: the ``NodeGroups`` the classes came from, when the caller passed them (their
+            member lists, sizes and first positions are then computed once per node list).
     """
 
     results: list[NodeResult]
@@ -76,15 +78,14 @@ class GroupedResults:
     names: list[str]
     answer_key: Hashable | None = None
     node_states: list[NodeState] = dataclasses.field(default_factory=list)
+    groups: NodeGroups | None = None
 
     @functools.cached_property
     def members(self) -> list[list[str]]:
         """Per class, the names of its nodes in input order (callers must not modify)."""
-        if self.groups is not None and self.groups.group_of is self.group_of:
-            return self.groups.members  # listed once per node list
+        if self._from_groups:
+            return self.groups.members  # type: ignore[union-attr]  # listed once per node list
         return _members(self.names, self.group_of, len(self.results))
-
-    groups: NodeGroups | None = None
 
     @functools.cached_property
     def sizes(self) -> list[int]:
