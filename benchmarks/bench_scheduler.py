@@ -236,6 +236,22 @@ def delete_pods(cp: ControlPlane, namespace: str) -> None:
     raise TimeoutError(f"pods in {namespace} not deleted")
 
 
+def run_scheduler(cp: ControlPlane, namespace: str, pods: int, spec: SchedulerSpec, args: argparse.Namespace,
+                  extender_pid: int | None = None) -> dict[str, Any]:
+    """Start the scheduler of ``spec`` on the pods already created in ``namespace`` and measure
+    until they are bound (``measure_binding``), with the CPU each process spent per bound pod,
+    kube-scheduler's attempts and its mean algorithm time. The caller stops the scheduler."""
+    watch = BindingWatch(cp, namespace)
+    meter = CpuMeter({**cp.pids(), **({"extender": extender_pid} if extender_pid is not None else {})})
+    cp.add_scheduler(spec)
+    meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{spec.name}]"])
+    out = measure_binding(watch, pods, args.settle, args.timeout)
+    out["cpu_ms_per_pod"] = meter.per_pod_ms(out["bound"])
+    out["attempts"] = scheduler_attempts(cp, spec.name)
+    out["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, spec.name)
+    return out
+
+
 def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "pods": args.pods, "load_average_start": load_average(),
                            "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
@@ -246,14 +262,7 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
         spec_kw = {"qps": args.qps, "burst": args.burst, "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
 
         create_pods(cp, pods, "bench-plain", PLAIN, args.workers)
-        watch = BindingWatch(cp, "bench-plain")
-        meter = CpuMeter(cp.pids())
-        cp.add_scheduler(SchedulerSpec(name=PLAIN, **spec_kw))
-        meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{PLAIN}]"])
-        out["without_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
-        out["without_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["without_extender"]["bound"])
-        out["without_extender"]["attempts"] = scheduler_attempts(cp, PLAIN)
-        out["without_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, PLAIN)
+        out["without_extender"] = run_scheduler(cp, "bench-plain", len(pods), SchedulerSpec(name=PLAIN, **spec_kw), args)
         cp.stop_scheduler(PLAIN)
         delete_pods(cp, "bench-plain")
 
@@ -261,14 +270,10 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
         try:
             create_pods(cp, pods, "bench-gpuplace", GPUPLACE, args.workers)
             profiler = _start_profiler(args.profile, extender.proc.pid, nodes, args.profile_format)
-            watch = BindingWatch(cp, "bench-gpuplace")
-            meter = CpuMeter({**cp.pids(), "extender": extender.proc.pid})
-            cp.add_scheduler(SchedulerSpec(name=GPUPLACE, extender=ExtenderSpec(url_prefix=extender.url), **spec_kw))
-            meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{GPUPLACE}]"])
-            out["with_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
-            out["with_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["with_extender"]["bound"])
-            out["with_extender"]["attempts"] = scheduler_attempts(cp, GPUPLACE)
-            out["with_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, GPUPLACE)
+            out["with_extender"] = run_scheduler(
+                cp, "bench-gpuplace", len(pods),
+                SchedulerSpec(name=GPUPLACE, extender=ExtenderSpec(url_prefix=extender.url), **spec_kw), args,
+                extender_pid=extender.proc.pid)
             out["extender_peak_rss_mib"] = peak_rss_mib(extender.proc.pid)
             out["with_extender"]["extender_handler_ms"] = {
                 verb: v["mean_ms"] for verb, v in histogram_means(
@@ -289,15 +294,10 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
                                  cp.logs / "refserver.log")
             try:
                 create_pods(cp, pods, "bench-floor", FLOOR, args.workers)
-                watch = BindingWatch(cp, "bench-floor")
-                meter = CpuMeter({**cp.pids(), "extender": floor.pid})
-                cp.add_scheduler(SchedulerSpec(name=FLOOR, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"),
-                                               **spec_kw))
-                meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{FLOOR}]"])
-                out["with_floor_extender"] = measure_binding(watch, len(pods), args.settle, args.timeout)
-                out["with_floor_extender"]["cpu_ms_per_pod"] = meter.per_pod_ms(out["with_floor_extender"]["bound"])
-                out["with_floor_extender"]["attempts"] = scheduler_attempts(cp, FLOOR)
-                out["with_floor_extender"]["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, FLOOR)
+                out["with_floor_extender"] = run_scheduler(
+                    cp, "bench-floor", len(pods),
+                    SchedulerSpec(name=FLOOR, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"), **spec_kw),
+                    args, extender_pid=floor.pid)
                 cp.stop_scheduler(FLOOR)
             finally:
                 stop_server(floor)

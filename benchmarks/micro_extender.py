@@ -10,18 +10,13 @@ makes its p50 and p99, on a machine where HTTP timings are noisy.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import orjson
 
-from benchmarks.cluster import generate_cluster, generate_pods, write_cluster
+from benchmarks.cluster import generate_pods
 from benchmarks.common import percentile
-from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.core.engine import Engine
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import StaticSource
+from benchmarks.profile_extender import static_service
 from scheduler_extender.wire import parse_extender_args
 
 
@@ -31,11 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--verb", choices=("filter", "prioritize"), default="filter")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        docs = generate_cluster(args.nodes)
-        source = StaticSource(write_cluster(Path(tmp), docs), default_catalog())
-    service = ExtenderService(Engine(), source)
-    names = [d["nodeName"] for d in docs]
+    service, names = static_service(args.nodes)
     bodies = [orjson.dumps({"Pod": pod, "NodeNames": names}) for pod in generate_pods(args.requests)]
     verb = service.filter_response if args.verb == "filter" else service.prioritize_response
     seen: set[bytes] = set()

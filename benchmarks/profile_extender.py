@@ -24,6 +24,14 @@ from scheduler_extender.sources import StaticSource
 from scheduler_extender.wire import dumps, parse_extender_args
 
 
+def static_service(nodes: int) -> tuple[ExtenderService, list[str]]:
+    """A static-mode ``ExtenderService`` over ``nodes`` generated nodes, and their names."""
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = generate_cluster(nodes)
+        source = StaticSource(write_cluster(Path(tmp), docs), default_catalog())
+    return ExtenderService(Engine(), source), [d["nodeName"] for d in docs]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=5000)
@@ -32,11 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from pyinstrument import Profiler  # bench extra
 
-    with tempfile.TemporaryDirectory() as tmp:
-        docs = generate_cluster(args.nodes)
-        source = StaticSource(write_cluster(Path(tmp), docs), default_catalog())
-    service = ExtenderService(Engine(), source)
-    names = [d["nodeName"] for d in docs]
+    service, names = static_service(args.nodes)
     def run(namespace: str) -> float:
         # New pods every run, as in a burst: the engine remembers verdicts per pod (filter, then prioritize).
         bodies = [orjson.dumps({"Pod": pod, "NodeNames": names})

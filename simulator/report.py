@@ -145,12 +145,7 @@ def write_charts(result: RunResult, directory: str | Path) -> list[Path]:
     ax.set_ylabel("GPU allocation ratio, %")
     ax.set_title(f"GPU allocation ratio vs load {title}".strip())
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    p = d / "allocation_ratio.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(plt, fig, ax, d / "allocation_ratio.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     names = list(doc["policies"])
@@ -166,10 +161,14 @@ def write_charts(result: RunResult, directory: str | Path) -> list[Path]:
     ax.set_ylabel("stranded GPUs (free, no pending pod fits)")
     ax.set_title(f"Stranded GPUs by model at load {last} {title}".strip())
     ax.grid(alpha=0.3, axis="y")
+    paths.append(_save(plt, fig, ax, d / "stranded_by_model.png"))
+    return paths
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+    """Legend, layout, write ``path`` (PNG), free the figure."""
     ax.legend()
     fig.tight_layout()
-    p = d / "stranded_by_model.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(p)
-    return paths
+    return path
