@@ -16,7 +16,6 @@ import datetime as dt
 import gc
 import json
 import time
-from typing import Any
 
 import orjson
 

@@ -21,7 +21,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.server import ExtenderService
 from scheduler_extender.sources import StaticSource
-from scheduler_extender.wire import dumps, parse_extender_args
+from scheduler_extender.wire import parse_extender_args
 
 
 def static_service(nodes: int) -> tuple[ExtenderService, list[str]]:

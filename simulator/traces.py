@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
