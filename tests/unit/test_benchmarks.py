@@ -71,7 +71,9 @@ def test_the_in_process_scheduler_replay_places_pods_and_prints_the_time_per_pod
 def test_the_in_process_filter_timing_reports_first_requests_of_a_spec_apart(capsys):
     micro_extender.main(["--nodes", "40", "--requests", "30"])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split("filter")[1].split(":")[0].strip() for line in lines] == [
+    assert [line.split("filter")[1].split(":")[0].strip() for line in lines[:3]] == [
         "first of its spec", "repeated spec", "all"]
     first, repeat = (int(line.split("n=")[1].split()[0]) for line in lines[:2])
     assert first + repeat == 30 and 0 < first < 30
+    assert lines[3].startswith("  first request of a spec, means: parsing the request ") and "KiB" in lines[3]
+    assert len(lines) == 4
