@@ -243,3 +243,29 @@ def test_a_node_whose_agent_stopped_is_rejected_as_stale_in_every_window_that_ho
     got = ask(service, "filter", p)
     assert "gpu-4090-0" not in got["NodeNames"] and "gpu-4090-1" in got["NodeNames"]
     assert "stale" in (got["FailedNodes"].get("gpu-4090-0") or got["FailedAndUnresolvableNodes"]["gpu-4090-0"])
+
+
+def test_the_filter_body_joined_per_class_is_the_json_of_the_one_built_as_a_dict():
+    # The NodeNames answer is joined from names encoded once per node list; it must decode to
+    # what the dict-built body gives, names that JSON must escape and an empty list included.
+    from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
+
+    cache = ClusterCache(CAT)
+    docs = generate_cluster(40, seed=11)
+    names = [d["nodeName"] for d in docs]
+    names[:3] = ['gpu-"quoted"', "gpu-back\\slash", "gpu-ünïcode"]
+    cache.replace_nodes([node_obj(n, d) for n, d in zip(names, docs)])
+    cache.replace_pods([bound(f"held-{i}", n, 7) for i, n in enumerate(names[3:20])])  # some GPUs in use
+    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    kinds = set()
+    for i, (annotations, resource, gpus, _) in enumerate(POD_MIX):
+        for window in (names, names[5:] + names[:5], []):
+            args = parse_extender_args(json.dumps({"Pod": bench_pod(i, annotations, resource, gpus, namespace="default"),
+                                                   "NodeNames": window}).encode())
+            _, _, grouped, listed = service._decide_grouped(args)
+            assert listed
+            joined = json.loads(service._filter_names_body(grouped))
+            assert joined == service._filter_body(args, grouped)
+            assert json.loads(service.filter_response(args)) == joined
+            kinds |= {k for k in ("NodeNames", "FailedNodes", "FailedAndUnresolvableNodes") if joined[k]}
+    assert kinds == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes"}  # every part was exercised
