@@ -275,9 +275,27 @@ def named_job(decision: Job, name: str) -> Job:
     ``decision`` itself, so the verdicts remembered for it are shared."""
     if not name:
         return decision
-    job = dataclasses.replace(decision, req=dataclasses.replace(decision.req, name=name))
+    job = _replaced(decision, req=_replaced(decision.req, name=name))
     job.__dict__[_DECISION] = decision  # frozen dataclass: cache beside the fields
     return job
+
+
+def _replaced(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace(obj, **changes)`` for the frozen dataclasses here (no
+    ``__post_init__``, no init-only fields): the fields are copied without running ``__init__``,
+    and nothing cached beside them is carried over. A pod of a known spec is named this way on
+    every request, where ``dataclasses.replace`` took ~15 us a call."""
+    fields = _FIELDS.get(type(obj))
+    if fields is None:
+        fields = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    new = object.__new__(type(obj))
+    values = obj.__dict__
+    new.__dict__.update({n: values[n] for n in fields})
+    new.__dict__.update(changes)
+    return new
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 _DECISION = "_gpuplace_decision_job"

@@ -86,6 +86,22 @@ def _automorphisms(adjacency: tuple[frozenset[int], ...]) -> tuple[tuple[int, ..
     return found
 
 
+_UNIT_PROPERTIES = "_gpuplace_unit_properties"
+
+
+def unit_properties(view: NodeView, resource: str) -> tuple[tuple[Hashable, ...], ...]:
+    """Per unit of ``view.units(resource)``, in order, everything criteria and score components
+    read from it except its UUID and GPU index: units with equal properties get equal verdicts
+    from every per-unit criterion. Computed once per view (views are immutable)."""
+    cache = view.__dict__.get(_UNIT_PROPERTIES)
+    if cache is None:
+        cache = view.__dict__[_UNIT_PROPERTIES] = {}  # frozen dataclass: cache beside the fields
+    props = cache.get(resource)
+    if props is None:
+        props = cache[resource] = tuple(_unit_properties(u) for u in view.units(resource))
+    return props
+
+
 def _resource_signature(resource: str, units: tuple[Unit, ...]) -> tuple[Hashable, ...]:
     props = [_unit_properties(u) for u in units]
     uuids = [u.uuid for u in units]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
-from scheduler_extender.core.equivalence import view_class
+from scheduler_extender.core.equivalence import unit_properties, view_class
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
@@ -334,12 +334,12 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
     assert view is not None
     resource = req.resource or ""
     if unit_verdicts is None:
-        rejections, eligible_at = _structure_verdict(view, job)
+        rejections, eligible_at = _structure_verdict(view, job, None)
     else:
         key = (view_class(view), resource)
         hit = unit_verdicts.get(key)
         if hit is None:
-            hit = unit_verdicts[key] = _structure_verdict(view, job)
+            hit = unit_verdicts[key] = _structure_verdict(view, job, unit_verdicts)
         rejections, eligible_at = hit
     if rejections:
         return NodeResult(state.name, False, rejections)
@@ -367,10 +367,14 @@ def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | N
     return NodeResult(state.name, True, chosen=chosen)
 
 
-def _structure_verdict(view: NodeView, job: Job) -> tuple[tuple[Rejection, ...], tuple[int, ...]]:
+def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
+                       ) -> tuple[tuple[Rejection, ...], tuple[int, ...]]:
     """What ``filter_node`` decides from the node's devices alone, whatever is allocated: the
     rejections (none: the node can run the pod once enough of its eligible units are free) and
-    the positions, in ``view.units(resource)``, of the units eligible for the pod."""
+    the positions, in ``view.units(resource)``, of the units eligible for the pod. ``memo``: the
+    job's ``UnitVerdicts``, where each unit's failed criteria are kept per
+    ``equivalence.unit_properties`` (a pod's first request meets the same few GPU models on
+    many node structures)."""
     res = _resource_rejection(view, job)
     if res is not None:
         return (res,), ()
@@ -381,27 +385,14 @@ def _structure_verdict(view: NodeView, job: Job) -> tuple[tuple[Rejection, ...],
     word = _device_word(resource)
     rejections: list[Rejection] = []
 
-    checks: list[tuple[str, UnitCheck]] = [
-        (C_HEALTHY, check_healthy),
-        (C_RUNTIME, check_runtime),
-        (C_MODEL, check_model_allowed),
-        (C_CLASS, check_class_allowed),
-        (C_TENANT, check_tenant_allowed),
-        (C_CC, check_compute_capability),
-        (C_VRAM, check_vram),
-        (C_ECC, check_ecc),
-        (C_DEVICE_KIND, check_device_kind),
-    ]
     failed_by: dict[tuple[str, str], list[Unit]] = {}
     eligible_at: list[int] = []
+    props = unit_properties(view, resource) if memo is not None else None
     for i, u in enumerate(units):
-        ok = True
-        for criterion, check in checks:
-            msg = check(u, job)
-            if msg is not None:
-                failed_by.setdefault((criterion, msg), []).append(u)
-                ok = False
-        if ok:
+        failures = _unit_failures(u, job) if props is None else _remembered_unit_failures(u, job, props[i], memo)  # type: ignore[arg-type]
+        for criterion_msg in failures:
+            failed_by.setdefault(criterion_msg, []).append(u)
+        if not failures:
             eligible_at.append(i)
     for (criterion, msg), us in failed_by.items():
         rejections.append(Rejection(criterion, f"{label_units(us)}: {msg}"))
@@ -422,6 +413,35 @@ def _structure_verdict(view: NodeView, job: Job) -> tuple[tuple[Rejection, ...],
     # In choose_units' order, so that the per-allocation part need not sort.
     eligible_at.sort(key=lambda i: _choice_order(units[i]))
     return tuple(rejections), tuple(eligible_at)
+
+
+_UNIT_CHECKS: tuple[tuple[str, UnitCheck], ...] = (
+    (C_HEALTHY, check_healthy),
+    (C_RUNTIME, check_runtime),
+    (C_MODEL, check_model_allowed),
+    (C_CLASS, check_class_allowed),
+    (C_TENANT, check_tenant_allowed),
+    (C_CC, check_compute_capability),
+    (C_VRAM, check_vram),
+    (C_ECC, check_ecc),
+    (C_DEVICE_KIND, check_device_kind),
+)
+
+
+def _unit_failures(u: Unit, job: Job) -> tuple[tuple[str, str], ...]:
+    """(criterion, message) of each per-unit criterion ``u`` fails for ``job``, in check order."""
+    return tuple((criterion, msg) for criterion, check in _UNIT_CHECKS if (msg := check(u, job)) is not None)
+
+
+def _remembered_unit_failures(u: Unit, job: Job, props: Hashable, memo: UnitVerdicts) -> tuple[tuple[str, str], ...]:
+    try:
+        key = ("unit", props)
+        hit = memo.get(key)
+    except TypeError:  # an unhashable property: decided directly
+        return _unit_failures(u, job)
+    if hit is None:
+        hit = memo[key] = _unit_failures(u, job)
+    return hit
 
 
 def _choice_order(u: Unit) -> tuple[int, float, int, str]:
