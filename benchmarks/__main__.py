@@ -1,6 +1,6 @@
 """``make bench``: the three benchmarks in one run, a summary, and ``benchmarks/results/*.json``.
 
-    python -m benchmarks            # full run (4-7 minutes on 2 cores)
+    python -m benchmarks            # full run (5-8 minutes on 2 cores)
     python -m benchmarks --smoke    # tiny sizes: checks that everything runs (CI), numbers meaningless
     python -m benchmarks --only extender,cache   # skip the control plane
 """
@@ -16,7 +16,9 @@ from benchmarks.common import describe_machine, machine, write_results
 
 FULL = {
     "extender": [],
-    "scheduler": ["--floor"],  # the do-nothing extender too: what any Python extender costs kube-scheduler
+    # The do-nothing extender too, on gpuplace's stack and on two leaner ones: what any Python
+    # extender costs kube-scheduler, and how much of that is the web framework and the server.
+    "scheduler": ["--floor", "starlette,asgi,protocol"],
     "cache": [],
 }
 SMOKE = {
@@ -44,9 +46,12 @@ def summary(results: dict[str, Any]) -> list[str]:
         for size in sched["sizes"]:
             a, b = size["without_extender"]["pods_per_s"], size["with_extender"]["pods_per_s"]
             ratio = f"{size['ratio'] * 100:.0f}%" if size["ratio"] else "n/a"
-            floor = size.get("with_floor_extender")
-            floor_text = (f", with the floor extender {floor['pods_per_s'] or float('nan'):.1f} pods/s = "
-                          f"{size['floor_ratio'] * 100:.0f}%" if floor and size.get("floor_ratio") else "")
+            floor_text = "".join(
+                f", with the {label} {size[run]['pods_per_s'] or float('nan'):.1f} pods/s = {size[ratio_key] * 100:.0f}%"
+                for label, run, ratio_key in (("floor extender", "with_floor_extender", "floor_ratio"),
+                                              ("asgi floor", "with_floor_extender_asgi", "floor_ratio_asgi"),
+                                              ("protocol floor", "with_floor_extender_protocol", "floor_ratio_protocol"))
+                if size.get(run) and size.get(ratio_key))
             lines.append(f"  {size['nodes']:>6} nodes, {size['pods']} pods: without {a or float('nan'):.1f} pods/s, "
                          f"with gpuplace {b or float('nan'):.1f} pods/s = {ratio}{floor_text}  "
                          f"[load {size['load_average_start']}]")

@@ -48,6 +48,7 @@ from benchmarks.common import (
     cpu_seconds, describe_machine, free_port, load_average, machine, peak_rss_mib, python, start_server, stop_server,
     write_results,
 )
+from benchmarks.refserver import SERVERS
 from node_agent.inventory import ANNOTATION
 from tests.harness.controlplane import ControlPlane, ExtenderSpec, SchedulerSpec, create_node
 from tests.harness.gpucluster import node_allocatable, start_extender
@@ -285,38 +286,43 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             cp.stop_scheduler(GPUPLACE)
         finally:
             extender.stop()
-        if args.floor:
-            # The same pods through the floor server (benchmarks/refserver.py): what any Python
-            # extender on this stack costs kube-scheduler before it decides anything.
-            delete_pods(cp, "bench-gpuplace")
+        previous = "bench-gpuplace"
+        for server in args.floor:
+            # The same pods through a floor server (benchmarks/refserver.py): what any Python
+            # extender on that stack costs kube-scheduler before it decides anything.
+            delete_pods(cp, previous)
+            namespace, name = f"bench-floor-{server}", f"{FLOOR}-{server}"
             port = free_port()
-            floor = start_server([python(), "-m", "benchmarks.refserver", "--port", str(port)], port,
-                                 cp.logs / "refserver.log")
+            floor = start_server([python(), "-m", "benchmarks.refserver", "--port", str(port), "--server", server],
+                                 port, cp.logs / f"refserver-{server}.log")
             try:
-                create_pods(cp, pods, "bench-floor", FLOOR, args.workers)
-                out["with_floor_extender"] = run_scheduler(
-                    cp, "bench-floor", len(pods),
-                    SchedulerSpec(name=FLOOR, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"), **spec_kw),
+                create_pods(cp, pods, namespace, name, args.workers)
+                out[_floor_key(server)] = run_scheduler(
+                    cp, namespace, len(pods),
+                    SchedulerSpec(name=name, extender=ExtenderSpec(url_prefix=f"http://127.0.0.1:{port}"), **spec_kw),
                     args, extender_pid=floor.pid)
-                cp.stop_scheduler(FLOOR)
+                cp.stop_scheduler(name)
             finally:
                 stop_server(floor)
+            previous = namespace
     a, b = out["without_extender"]["pods_per_s"], out["with_extender"]["pods_per_s"]
     out["ratio"] = (b / a) if a and b else None
     out["load_average_end"] = load_average()
     w, e = out["without_extender"], out["with_extender"]
     floor_text = ""
-    if "with_floor_extender" in out:
-        f = out["with_floor_extender"]["pods_per_s"]
-        out["floor_ratio"] = (f / a) if a and f else None
-        floor_text = f", with the floor extender {_rate(f)} = {out['floor_ratio'] * 100 if out['floor_ratio'] else float('nan'):.0f}%"
+    for server in args.floor:
+        f = out[_floor_key(server)]["pods_per_s"]
+        ratio = out[_floor_key(server, "floor_ratio")] = (f / a) if a and f else None
+        label = "the floor extender" if server == "starlette" else f"the {server} floor"
+        floor_text += f", with {label} {_rate(f)} = {ratio * 100 if ratio else float('nan'):.0f}%"
     print(f"  {nodes:>6} nodes {args.pods} pods: without extender {_rate(a)} ({w['bound']} bound), "
           f"with gpuplace {_rate(b)} ({e['bound']} bound), "
           f"ratio {out['ratio'] * 100 if out['ratio'] else float('nan'):.0f}%{floor_text}  "
           f"(nodes created in {out['node_create_s']:.0f} s; extender peak RSS {out['extender_peak_rss_mib']:.0f} MiB; "
           f"load {out['load_average_start']} -> {out['load_average_end']})", flush=True)
     for label, key in (("without extender", "without_extender"), ("with gpuplace", "with_extender"),
-                       ("with the floor", "with_floor_extender")):
+                       *((f"with the {'' if server == 'starlette' else server + ' '}floor", _floor_key(server))
+                         for server in args.floor)):
         if key in out:
             handler = out[key].get("extender_handler_ms")
             handler_text = ("; extender handler mean " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in handler.items())
@@ -325,6 +331,19 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
                   f"{_attempts_text(out[key]['attempts'])}; algorithm mean {out[key]['algorithm_mean_ms']:.2f} ms"
                   f"{handler_text}", flush=True)
     return out
+
+
+def _floor_key(server: str, key: str = "with_floor_extender") -> str:
+    """Result key of a floor run: the Starlette floor's keeps the plain name (``make bench``'s summary)."""
+    return key if server == "starlette" else f"{key}_{server}"
+
+
+def _floor_servers(value: str) -> list[str]:
+    servers = [s for s in value.split(",") if s]
+    unknown = [s for s in servers if s not in SERVERS]
+    if unknown or not servers:
+        raise argparse.ArgumentTypeError(f"--floor: expected a comma list of {', '.join(SERVERS)}; got {value!r}")
+    return servers
 
 
 def _start_profiler(directory: Path | None, pid: int, nodes: int, fmt: str = "flamegraph") -> subprocess.Popen[bytes] | None:
@@ -357,9 +376,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--settle", type=float, default=10, help="stop waiting after this many seconds without a binding")
     p.add_argument("--timeout", type=float, default=300, help="longest wait for one run, seconds")
     p.add_argument("--out", type=Path, help="JSON results file (default benchmarks/results/scheduler.json)")
-    p.add_argument("--floor", action="store_true",
+    p.add_argument("--floor", nargs="?", const=["starlette"], default=[], type=_floor_servers, metavar="SERVERS",
                    help="also run the same pods through the floor server (benchmarks/refserver.py) as the extender: "
-                        "the throughput any Python extender on this HTTP stack leaves kube-scheduler")
+                        "the throughput any Python extender on this HTTP stack leaves kube-scheduler. SERVERS: a "
+                        "comma list of its stacks, starlette (gpuplace's own, the default), asgi (no framework), "
+                        "protocol (no HTTP server library)")
     p.add_argument("--profile", type=Path, metavar="DIR", help="record a py-spy profile of the extender into DIR")
     p.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph",
                    help="py-spy output: an SVG flame graph or collapsed stacks as text (default flamegraph)")

@@ -77,3 +77,38 @@ def test_the_in_process_filter_timing_reports_first_requests_of_a_spec_apart(cap
     assert first + repeat == 30 and 0 < first < 30
     assert lines[3].startswith("  first request of a spec, means: parsing the request ") and "KiB" in lines[3]
     assert len(lines) == 4
+
+
+def test_every_floor_stack_answers_that_every_node_passes_and_scores_0():
+    # The three floors bench_scheduler can put under kube-scheduler answer alike; the bare
+    # protocol one also when requests arrive split across reads or two in one read.
+    import orjson
+    from starlette.testclient import TestClient
+
+    from benchmarks.refserver import FloorProtocol, app, asgi_app
+
+    body = orjson.dumps({"Pod": {}, "NodeNames": ["a", "b"]})
+    want_filter = {"NodeNames": ["a", "b"], "Nodes": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+    want_scores = [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+    for application in (app, asgi_app):
+        with TestClient(application) as c:
+            assert c.post("/filter", content=body).json() == want_filter
+            assert c.post("/prioritize", content=body).json() == want_scores
+            assert c.post("/nothing", content=body).status_code in (404, 405)
+
+    class Transport:
+        def __init__(self):
+            self.written = []
+
+        def write(self, data):
+            self.written.append(data)
+
+    protocol, transport = FloorProtocol(), Transport()
+    protocol.connection_made(transport)
+    request = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    protocol.data_received(request[:30])
+    protocol.data_received(request[30:] + request.replace(b"/filter", b"/prioritize"))
+    assert len(transport.written) == 2
+    answers = [w.split(b"\r\n\r\n", 1) for w in transport.written]
+    assert [orjson.loads(a[1]) for a in answers] == [want_filter, want_scores]
+    assert all(b"content-length: %d" % len(a[1]) in a[0] for a in answers)
