@@ -125,7 +125,8 @@ class ExtenderService:
         self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
         self._answers_lock = threading.Lock()
         self._quoted: dict[str, bytes] = {}  # node name -> the name as a JSON string
-        self._quoted_members: OrderedDict[int, list[list[bytes]]] = OrderedDict()  # NodeGroups.serial ->
+        # NodeGroups.serial -> per class, its nodes' names as JSON strings (``_encoded_members``)
+        self._quoted_members: OrderedDict[int, list[list[bytes]]] = OrderedDict()
         self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
         self._specs: OrderedDict[Hashable, Job] = OrderedDict()  # pod content -> its decision_job
         self._jobs_lock = threading.Lock()

@@ -389,7 +389,10 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
     eligible_at: list[int] = []
     props = unit_properties(view, resource) if memo is not None else None
     for i, u in enumerate(units):
-        failures = _unit_failures(u, job) if props is None else _remembered_unit_failures(u, job, props[i], memo)  # type: ignore[arg-type]
+        if props is None or memo is None:
+            failures = _unit_failures(u, job)
+        else:
+            failures = _remembered_unit_failures(u, job, props[i], memo)
         for criterion_msg in failures:
             failed_by.setdefault(criterion_msg, []).append(u)
         if not failures:
@@ -434,6 +437,7 @@ def _unit_failures(u: Unit, job: Job) -> tuple[tuple[str, str], ...]:
 
 
 def _remembered_unit_failures(u: Unit, job: Job, props: Hashable, memo: UnitVerdicts) -> tuple[tuple[str, str], ...]:
+    """``_unit_failures``, kept in the job's ``memo`` under the unit's properties."""
     try:
         key = ("unit", props)
         hit = memo.get(key)
