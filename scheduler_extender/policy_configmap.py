@@ -14,6 +14,7 @@ a Warning Event ``PolicyRejected`` on the ConfigMap whose message names the fiel
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import socket
 import threading
@@ -21,18 +22,17 @@ import uuid
 from typing import Any, Callable, Mapping
 
 import orjson
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import Policy, PolicyError, parse_policy
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
+from scheduler_extender.watch import ResourceWatcher
 
 log = logging.getLogger("gpuplace.extender.policy")
 
 DEFAULT_KEY = "policy.yaml"
-MAX_BACKOFF_SECONDS = 30.0
 EVENT_MESSAGE_LIMIT = 1024  # the API server rejects longer Event messages
 
 
@@ -159,47 +159,20 @@ class PolicyConfigMapWatcher:
             log.warning("cannot record Event %s on %s: %s", reason, self.source, e)
 
     # ---- the loop ----------------------------------------------------------------------------
+    def _apply_event(self, etype: str, cm: dict[str, Any]) -> None:
+        if etype in ("ADDED", "MODIFIED"):
+            self.handle(cm)
+        elif etype == "DELETED":
+            log.error("%s was deleted; keeping the running policy", self.source)
+            self._last_text = None
+
     def run(self) -> None:
-        backoff = 0.5
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    cm, rv = self._list()
-                    self.handle(cm)
-                    backoff = 0.5
-                w = watch.Watch()
-                for event in w.stream(self.core.list_namespaced_config_map, self.namespace,
-                                      field_selector=f"metadata.name={self.name}", resource_version=rv,
-                                      allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_SECONDS,
-                                      _request_timeout=(5, WATCH_TIMEOUT_SECONDS + 30)):
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    obj = event.get("raw_object") or {}
-                    if event["type"] == "ERROR":
-                        log.info("%s watch ended (%s); relisting", self.source, obj.get("message"))
-                        rv = None
-                        break
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self.handle(obj)
-                    elif event["type"] == "DELETED":
-                        log.error("%s was deleted; keeping the running policy", self.source)
-                        self._last_text = None
-            except ApiException as e:
-                if e.status == 410:
-                    rv = None
-                    continue
-                log.warning("%s watch failed: HTTP %s %s; retrying in %.1f s", self.source, e.status, e.reason, backoff)
-                rv = None
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF_SECONDS, backoff * 2)
-            except Exception as e:  # noqa: BLE001 - connection trouble: relist later
-                log.warning("%s watch failed: %s: %s; retrying in %.1f s", self.source, type(e).__name__, e, backoff)
-                rv = None
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF_SECONDS, backoff * 2)
+        """List and watch the ConfigMap until ``stop`` (``watch.ResourceWatcher``'s loop: relists
+        on 410 Gone and on errors, with backoff); each version goes to ``handle``."""
+        ResourceWatcher("configmaps", functools.partial(self.core.list_namespaced_config_map, self.namespace),
+                        None, self._stop, field_selector=f"metadata.name={self.name}",
+                        replace=lambda items: self.handle(items[0] if items else None),
+                        apply=self._apply_event).run()
 
     def start(self, apply: Callable[[Policy], None]) -> None:
         """Watch in a daemon thread; ``apply`` gets each new valid policy."""

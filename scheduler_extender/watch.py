@@ -58,12 +58,21 @@ def _iter_lines(resp: Any) -> Iterator[bytes]:
 
 
 class ResourceWatcher:
-    """Keeps one resource kind (nodes or pods) of the cache in sync with the API server."""
+    """Keeps one resource kind (nodes, pods or namespaces) of the cache in sync with the API
+    server: list, then watch from the list's resourceVersion; relist on 410 Gone, a broken
+    stream or an API error (with backoff).
 
-    def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache,
+    ``replace`` and ``apply``, when given, receive the listed objects and each watch event
+    instead of the cache (``cache`` may then be None): the same loop for one object outside the
+    cache, such as the policy ConfigMap (``policy_configmap``).
+    """
+
+    def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache | None,
                  stop: threading.Event, field_selector: str | None = None,
                  on_relist: Callable[[str], None] | None = None,
-                 watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS) -> None:
+                 watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS, *,
+                 replace: Callable[[list[dict[str, Any]]], None] | None = None,
+                 apply: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self.kind = kind
         self._list = list_fn
         self._cache = cache
@@ -72,6 +81,8 @@ class ResourceWatcher:
         self._on_relist = on_relist or (lambda kind: None)
         self._resp: Any = None
         self._watch_timeout = watch_timeout_seconds
+        self._replace = replace or self._replace_in_cache
+        self._apply = apply or self._apply_to_cache
 
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self._field_selector} if self._field_selector else {}
@@ -90,6 +101,13 @@ class ResourceWatcher:
             if not token:
                 rv = meta.get("resourceVersion", "")
                 break
+        self._replace(items)
+        self._on_relist(self.kind)
+        log.info("listed %d %s at resourceVersion %s", len(items), self.kind, rv)
+        return rv
+
+    def _replace_in_cache(self, items: list[dict[str, Any]]) -> None:
+        assert self._cache is not None
         if self.kind == "nodes":
             self._cache.replace_nodes(items)
         elif self.kind == "namespaces":
@@ -97,9 +115,15 @@ class ResourceWatcher:
         else:
             self._cache.replace_pods(items)
         self._cache.stats.relists += 1
-        self._on_relist(self.kind)
-        log.info("listed %d %s at resourceVersion %s", len(items), self.kind, rv)
-        return rv
+
+    def _apply_to_cache(self, etype: str, obj: dict[str, Any]) -> None:
+        assert self._cache is not None
+        if self.kind == "nodes":
+            self._cache.apply_node_event(etype, obj)
+        elif self.kind == "namespaces":
+            self._cache.apply_namespace_event(etype, obj)
+        else:
+            self._cache.apply_pod_event(etype, obj)
 
     def watch_from(self, rv: str) -> str:
         """Stream events from ``rv`` until the server ends the watch; returns the last rv.
@@ -123,12 +147,7 @@ class ResourceWatcher:
                     raise ApiException(status=obj.get("code"), reason=_truncate(obj.get("message")))
                 new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype != "BOOKMARK":
-                    if self.kind == "nodes":
-                        self._cache.apply_node_event(etype, obj)
-                    elif self.kind == "namespaces":
-                        self._cache.apply_namespace_event(etype, obj)
-                    else:
-                        self._cache.apply_pod_event(etype, obj)
+                    self._apply(etype, obj)
                 if new_rv:
                     rv = new_rv
         finally:
@@ -137,6 +156,8 @@ class ResourceWatcher:
         return rv
 
     def _mark_unsynced(self) -> None:
+        if self._cache is None:
+            return
         if self.kind == "nodes":
             self._cache.nodes_synced = False
         elif self.kind == "namespaces":
@@ -161,7 +182,7 @@ class ResourceWatcher:
                     log.info("%s watch expired (410 Gone); relisting", self.kind)
                     rv = None
                     continue
-                if e.status == 403 and self.kind == "namespaces":
+                if e.status == 403 and self.kind == "namespaces" and self._cache is not None:
                     # Labels only serve tenants that select namespaces by label, which then deny
                     # (labels unknown); a missing RBAC rule must not take the whole extender down.
                     self._cache.namespaces_synced = None

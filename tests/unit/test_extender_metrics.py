@@ -90,3 +90,55 @@ def test_a_broken_configmap_edit_keeps_the_running_policy_and_counts_a_rejection
     assert w.handle({**cm, "data": {"policy.yaml": json.dumps(good)}}) is True
     assert service.engine is not before and service.engine.policy.scoring.cost == 9
     assert series(service.metrics)["gpuplace_extender_policy_generation"] == 2
+
+
+def test_the_policy_configmap_watch_applies_edits_rejects_broken_ones_and_relists_after_410(service):
+    # The ConfigMap goes through watch.ResourceWatcher's list-then-watch loop: listed once,
+    # then edited (broken, fixed), deleted (the policy stays), and after 410 Gone listed again.
+    from tests.unit.test_watch import FakeResponse
+
+    def cm(rv, cost):
+        text = json.dumps({**default_policy().model_dump(by_alias=True, mode="json"),
+                           "scoring": {**default_policy().model_dump(by_alias=True, mode="json")["scoring"],
+                                       "cost": cost}}) if cost is not None else "scoring: {cost: lots}\n"
+        return {"metadata": {"name": "gpuplace-policy", "resourceVersion": rv}, "data": {"policy.yaml": text}}
+
+    w = PolicyConfigMapWatcher(k8s.ApiClient(), "gpuplace", "gpuplace-policy", "policy.yaml", service.metrics)
+    script = [
+        FakeResponse(data=json.dumps({"items": [cm("1", 7)], "metadata": {"resourceVersion": "1"}}).encode()),
+        FakeResponse(lines=[{"type": "MODIFIED", "object": cm("2", None)},
+                            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "3"}}},
+                            {"type": "MODIFIED", "object": cm("4", 8)},
+                            {"type": "DELETED", "object": cm("5", 8)},
+                            {"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}]),
+        FakeResponse(data=json.dumps({"items": [cm("9", 9)], "metadata": {"resourceVersion": "9"}}).encode()),
+    ]
+
+    class FakeCore:
+        def __init__(self):
+            self.calls, self.events = [], []
+
+        def list_namespaced_config_map(self, namespace, **kw):
+            self.calls.append((namespace, kw))
+            if not script:
+                w.stop()
+                return FakeResponse(lines=[])
+            return script.pop(0)
+
+        def create_namespaced_event(self, namespace, body, **kw):
+            self.events.append(body.reason)
+
+    w.core = FakeCore()
+    w._apply = engine_swapper(service)
+    costs = []
+    swap = w._apply
+    w._apply = lambda policy: (costs.append(policy.scoring.cost), swap(policy))
+    w.run()
+    assert costs == [7, 8, 9]  # the broken edit in between was not applied
+    assert service.engine.policy.scoring.cost == 9
+    assert w.core.events == ["PolicyApplied", "PolicyRejected", "PolicyApplied", "PolicyApplied"]
+    assert series(service.metrics)['gpuplace_extender_policy_reloads_total{result="rejected"}'] == 1
+    calls = w.core.calls
+    assert all(ns == "gpuplace" and kw["field_selector"] == "metadata.name=gpuplace-policy" for ns, kw in calls)
+    assert [kw.get("watch", False) for _, kw in calls][:3] == [False, True, False]
+    assert calls[1][1]["resource_version"] == "1" and calls[3][1]["resource_version"] == "9"
