@@ -148,10 +148,8 @@ class ExtenderService:
         with self._workload_lock:
             return self.workload.profile()
 
-    def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults, bool]:
-        """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class
-        of nodes. The last value: whether the classes came from a remembered node list (whose
-        names are unique)."""
+    def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
+        """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
         engine = self.engine  # one policy for the whole request
         names = args.node_names()
         job = self._job(engine, args.Pod)
@@ -159,7 +157,7 @@ class ExtenderService:
             states, groups = self._named_states(names, job.req.resource)
         else:
             states, groups = self.source.states(names, args.Nodes.items), None
-        return job, names, engine.filter_grouped(job, states, self.source.now(), groups=groups), groups is not None
+        return job, names, engine.filter_grouped(job, states, self.source.now(), groups=groups)
 
     def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], NodeGroups | None]:
         """States (and their classes) of ``NodeNames``. Sources with a change log
@@ -320,7 +318,7 @@ class ExtenderService:
 
     def filter_response(self, args: ExtenderArgs) -> bytes:
         """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
-        job, names, grouped, listed = self._decide_grouped(args)
+        job, names, grouped = self._decide_grouped(args)
         results, sizes = grouped.results, grouped.sizes
         passing = sum(n for r, n in zip(results, sizes) if r.passed)
         self._learn(job, args.Pod)
@@ -354,16 +352,17 @@ class ExtenderService:
             log.info("pod %s fits no node: %s", job.req.key,
                      "; ".join(f"{n}: {results[g].reason}" for n, g in zip(names[:5], grouped.group_of))
                      + (" ..." if len(names) > 5 else ""))
-        if listed and grouped.groups is not None and grouped.members is grouped.groups.members:
+        if grouped.answer_key is not None:  # the classes of a remembered NodeNames list (``_named_states``)
             return self._answer("filter", grouped, lambda: self._filter_names_body(grouped))
         return self._answer("filter", grouped, lambda: dumps(self._filter_body(args, grouped)))
 
     def _filter_names_body(self, grouped: GroupedResults) -> bytes:
-        """``_filter_body`` for ``NodeNames`` of a remembered node list, as JSON bytes, joined per
+        """``_filter_body`` for ``NodeNames`` of a remembered node list (results with an
+        ``answer_key``: their classes are that list's ``NodeGroups``), as JSON bytes, joined per
         class from the names encoded once per list: the first request of a pod spec at 5,000 nodes
         answers with a reason for each of thousands of nodes, and building that dict and encoding
-        it was a third of its time. The names of a ``NodeGroups`` are unique (``_named_states``),
-        so the objects have no key twice."""
+        it was a third of its time. A remembered list has no name twice (``_named_states``), so
+        the objects have no key twice."""
         passing: list[bytes] = []
         failed: list[bytes] = []
         unresolvable: list[bytes] = []
@@ -438,7 +437,7 @@ class ExtenderService:
 
     def prioritize_response(self, args: ExtenderArgs) -> bytes:
         """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes."""
-        job, names, grouped, _ = self._decide_grouped(args)
+        job, names, grouped = self._decide_grouped(args)
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         scores = scored.scores

@@ -441,12 +441,11 @@ class Engine:
             parts = [(g,) for g in range(len(passed))]
             first_of = grouped.first_index
             score_of = grouped.group_of
-        groups = grouped.groups
         memo_key = None
-        if groups is not None and groups.group_of is grouped.group_of:
+        if grouped._from_groups:
             # The scores of the parts are a function of the job, the workload and which kinds of
             # passing node (class key, host class) compete: remembered across pods and node lists.
-            class_keys = groups.class_keys
+            class_keys = grouped.groups.class_keys  # type: ignore[union-attr]  # _from_groups: given
             job_key = _job_key(decision_job(job))
             global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]
             if job_key is not None:

@@ -387,12 +387,9 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
 
     failed_by: dict[tuple[str, str], list[Unit]] = {}
     eligible_at: list[int] = []
-    props = unit_properties(view, resource) if memo is not None else None
+    props = unit_properties(view, resource) if memo is not None else ()
     for i, u in enumerate(units):
-        if props is None or memo is None:
-            failures = _unit_failures(u, job)
-        else:
-            failures = _remembered_unit_failures(u, job, props[i], memo)
+        failures = _unit_failures(u, job) if memo is None else _remembered_unit_failures(u, job, props[i], memo)
         for criterion_msg in failures:
             failed_by.setdefault(criterion_msg, []).append(u)
         if not failures:
