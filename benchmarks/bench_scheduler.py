@@ -176,13 +176,17 @@ class CpuMeter:
         return out
 
 
-def histogram_means(url: str, family: str, label: str) -> dict[str, dict[str, float]]:
-    """Count and mean (ms) of a Prometheus histogram scraped from ``url``, by the value of ``label``."""
+def scrape(url: str) -> str:
+    """A Prometheus text exposition from ``url`` (kube-scheduler's self-signed TLS accepted)."""
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE
     with urllib.request.urlopen(url, context=insecure, timeout=10) as resp:
-        text = resp.read().decode()
+        return resp.read().decode()
+
+
+def histogram_means(text: str, family: str, label: str) -> dict[str, dict[str, float]]:
+    """Count and mean (ms) of a Prometheus histogram in the exposition ``text``, by the value of ``label``."""
     out: dict[str, dict[str, float]] = {}
     for fam in text_string_to_metric_families(text):
         if fam.name != family:
@@ -198,17 +202,17 @@ def histogram_means(url: str, family: str, label: str) -> dict[str, dict[str, fl
     return out
 
 
-def scheduler_attempts(cp: ControlPlane, name: str) -> dict[str, dict[str, float]]:
+def scheduler_attempts(metrics: str) -> dict[str, dict[str, float]]:
     """kube-scheduler's own count and mean duration of scheduling attempts by result (scheduled,
-    unschedulable, error; ``scheduler_scheduling_attempt_duration_seconds``): unschedulable pods
-    are retried, and every retry costs a filter pass and an Event."""
-    return histogram_means(cp.scheduler_metrics_url(name), "scheduler_scheduling_attempt_duration_seconds", "result")
+    unschedulable, error; ``scheduler_scheduling_attempt_duration_seconds``) in its ``metrics``
+    text: unschedulable pods are retried, and every retry costs a filter pass and an Event."""
+    return histogram_means(metrics, "scheduler_scheduling_attempt_duration_seconds", "result")
 
 
-def scheduler_algorithm_ms(cp: ControlPlane, name: str) -> float:
+def scheduler_algorithm_ms(metrics: str) -> float:
     """Mean time kube-scheduler spends finding a node for a pod, extender calls included
-    (``scheduler_scheduling_algorithm_duration_seconds``), ms."""
-    means = histogram_means(cp.scheduler_metrics_url(name), "scheduler_scheduling_algorithm_duration_seconds", "")
+    (``scheduler_scheduling_algorithm_duration_seconds`` in its ``metrics`` text), ms."""
+    means = histogram_means(metrics, "scheduler_scheduling_algorithm_duration_seconds", "")
     return means["?"]["mean_ms"] if "?" in means else float("nan")
 
 
@@ -248,8 +252,9 @@ def run_scheduler(cp: ControlPlane, namespace: str, pods: int, spec: SchedulerSp
     meter.add("kube-scheduler", cp.pids()[f"kube-scheduler[{spec.name}]"])
     out = measure_binding(watch, pods, args.settle, args.timeout)
     out["cpu_ms_per_pod"] = meter.per_pod_ms(out["bound"])
-    out["attempts"] = scheduler_attempts(cp, spec.name)
-    out["algorithm_mean_ms"] = scheduler_algorithm_ms(cp, spec.name)
+    metrics = scrape(cp.scheduler_metrics_url(spec.name))
+    out["attempts"] = scheduler_attempts(metrics)
+    out["algorithm_mean_ms"] = scheduler_algorithm_ms(metrics)
     return out
 
 
@@ -278,7 +283,7 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             out["extender_peak_rss_mib"] = peak_rss_mib(extender.proc.pid)
             out["with_extender"]["extender_handler_ms"] = {
                 verb: v["mean_ms"] for verb, v in histogram_means(
-                    f"{extender.url}/metrics", "gpuplace_extender_request_duration_seconds", "verb").items()}
+                    scrape(f"{extender.url}/metrics"), "gpuplace_extender_request_duration_seconds", "verb").items()}
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(timeout=60)
