@@ -6,13 +6,14 @@ import contextlib
 import copy
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
+
+from tests.harness.controlplane import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -55,12 +56,6 @@ def with_nvlink_clique(gpus: list[dict[str, Any]], links: int = 12) -> list[dict
     for g in out:
         g["nvlinks"] = [{"peerUuid": o["uuid"], "links": links} for o in out if o["uuid"] != g["uuid"]]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -1,7 +1,6 @@
 """The extender's HTTP API: wire format against upstream encodings, acceptance scenarios, bad input."""
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,7 +12,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.server import ExtenderService, create_app
 from scheduler_extender.sources import StaticSource
-from tests.factories import EXAMPLES, ROOT, free_port, pod, static_extender
+from tests.factories import EXAMPLES, ROOT, pod, static_extender
 
 WIRE = ROOT / "tests" / "fixtures" / "wire"
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
@@ -172,12 +171,6 @@ def test_a_malformed_annotation_fails_every_node_with_the_fix(client):
 
 
 # ---- the real console script ---------------------------------------------------------------------
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_gpuplace_extender_serves_hand_written_extender_args_in_static_mode():
     with static_extender() as url:
