@@ -69,6 +69,8 @@ def values_schema() -> dict[str, Any]:
                 "healthPort": integer(1, "plain-HTTP port of /healthz, /readyz, /metrics when TLS is on", maximum=65535),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT,
+                "requeue": obj({"enabled": {"type": "boolean"},
+                                "admissionPolicy": obj({"enabled": {"type": "boolean"}})}),
                 "tls": obj({
                     "enabled": {"type": "boolean"},
                     "secretName": s("existing kubernetes.io/tls Secret with the serving certificate",

@@ -10,7 +10,7 @@ import ssl
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, Sequence
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--tls-client-ca-file", metavar="FILE",
                      help="PEM CA bundle: require clients (kube-scheduler's tlsConfig certData/keyData) to present "
                           "a certificate it signed; without it any client may connect")
+    p.add_argument("--requeue-rejected-pods", action=argparse.BooleanOptionalAction, default=True,
+                   help="cluster mode: when a node now passes for a pending pod this extender passed no node for "
+                        "(its view caught up with a change kube-scheduler had already retried the pod on, or a "
+                        "policy reload), patch the pod's annotation extender.gpuplace.io/requeued-at so that "
+                        "kube-scheduler retries it at once instead of after podMaxInUnschedulablePodsDuration. "
+                        "Needs patch on pods (the chart grants it, limited to that annotation on unbound pods by "
+                        "an admission policy) (default: on)")
     p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
                    help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
                         f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
@@ -256,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
 
     service = ExtenderService(engine, source, metrics)
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
+    background: list[Callable[[], Awaitable[None]]] = []
+    if args.requeue_rejected_pods and not args.inventory_dir:
+        from scheduler_extender.requeue import Requeuer, pod_patcher
+        service.requeue = Requeuer(service, pod_patcher(client.ApiClient()), pending.waits, metrics.requeue)
+        background.append(service.requeue.run)
     if args.policy_configmap:
         from scheduler_extender.policy_configmap import engine_swapper
         policy_watcher.start(engine_swapper(service))
@@ -272,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host,
                                                      port=args.health_port, log_level="warning", access_log=False)))
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(servers))
+        runner.run(_serve(servers, background))
     return 0
 
 
@@ -287,14 +299,19 @@ def _loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-async def _serve(servers: list[Any]) -> None:
+async def _serve(servers: list[Any], background: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
     """Run uvicorn servers until one stops (a signal reaches only the last one to install its
-    handlers), then stop the others."""
+    handlers), then stop the others; ``background`` coroutine functions run on the same loop
+    meanwhile and are cancelled at the end."""
+    helpers = [asyncio.create_task(run()) for run in background]
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for s in servers:
         s.should_exit = True
     await asyncio.gather(*pending)
+    for h in helpers:
+        h.cancel()
+    await asyncio.gather(*helpers, return_exceptions=True)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ class ExtenderMetrics:
             ["result"], registry=r)
         self.quality = PlacementQualityMetrics(r)
         self.policy = PolicyReloadMetrics(self.policy_reloads, r)
+        self.requeue = RequeueMetrics(r)
 
 
 # ---- additions for the Helm chart's dashboard and alerts (issue 4) ------------------------------
@@ -108,3 +109,18 @@ class PolicyReloadMetrics:
         self.last_reload.labels(result).set_to_current_time()
         if result == "applied":
             self.generation.inc()
+
+
+class RequeueMetrics:
+    """Pods the extender passed no node for, and their requeues once a node passes (``requeue.py``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.remembered = Gauge(
+            "gpuplace_extender_rejected_pods",
+            "Pods whose last filter answer passed no node, remembered for a requeue when a node passes.",
+            registry=registry)
+        self.requeued = Counter(
+            "gpuplace_extender_requeued_pods_total",
+            "Patches that send a rejected pod back to kube-scheduler's queue, by result (requeued; gone: "
+            "the pod was deleted or recreated; forbidden: RBAC or the admission policy refused; error).",
+            ["result"], registry=registry)

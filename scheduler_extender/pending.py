@@ -72,6 +72,11 @@ class PendingGpuPods:
                 self._set(obj)
             self.pods_synced = True
 
+    def waits(self, uid: str) -> bool | None:
+        """Whether the pod with ``uid`` is unbound and requests GPUs; None until the first list."""
+        with self._lock:
+            return uid in self._pods if self.pods_synced else None
+
     def snapshot(self) -> list[PendingPod]:
         with self._lock:
             return list(self._pods.values())

@@ -35,6 +35,7 @@ from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.explain import explain_decision
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.sources import StateSource
 from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extender_args
 
@@ -133,6 +134,8 @@ class ExtenderService:
         # The target workload for the fragmentation score, learned from the pods /filter sees.
         self.workload = WorkloadTracker()
         self._workload_lock = threading.Lock()
+        # Pods /filter passed no node for, requeued when a change lets one pass (cluster mode).
+        self.requeue: Requeuer | None = None
 
     def _learn(self, job: Any, pod: Any) -> None:
         shape = demand_shape(job)
@@ -232,6 +235,16 @@ class ExtenderService:
             oldest = min(map(idx.observed.__getitem__, names), default=math.inf)
         return states, keys, (None if oldest == math.inf else oldest)  # type: ignore[return-value]
 
+    def job_for(self, engine: Engine, pod: Any) -> Job:
+        """The resolved ``pod`` under ``engine`` (remembered as for a filter call)."""
+        return self._job(engine, pod)
+
+    def passes_any(self, engine: Engine, job: Job, names: list[str]) -> bool:
+        """Whether the filter would pass ``job`` on any of ``names`` in the source's current view
+        (no metrics, no remembered answers: for ``requeue``'s re-decisions)."""
+        grouped = engine.filter_grouped(job, self.source.states(names, None), self.source.now())
+        return any(r.passed and not r.untouched for r in grouped.results)
+
     def _job(self, engine: Engine, pod: Any) -> Job:
         """``engine.job`` for ``pod``, remembered per pod version: kube-scheduler sends the same pod
         to filter and then to prioritize. A pod without ``uid`` and ``resourceVersion`` is resolved
@@ -261,8 +274,12 @@ class ExtenderService:
         meta = pod.get("metadata") if isinstance(pod, dict) else None
         if not isinstance(meta, dict):
             return engine.job(pod, labels)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and REQUEUE_ANNOTATION in annotations:
+            # the extender's own mark changes nothing the pod asks for: share the job of its siblings
+            annotations = {k: v for k, v in annotations.items() if k != REQUEUE_ANNOTATION}
         try:
-            content = orjson.dumps([meta.get("namespace"), meta.get("annotations"), pod.get("spec")],
+            content = orjson.dumps([meta.get("namespace"), annotations, pod.get("spec")],
                                    option=orjson.OPT_SORT_KEYS)
         except TypeError:  # orjson.JSONEncodeError: a value JSON cannot hold; resolve it directly
             return engine.job(pod, labels)
@@ -318,6 +335,8 @@ class ExtenderService:
 
     def filter_response(self, args: ExtenderArgs) -> bytes:
         """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
+        requeue = self.requeue
+        generation = requeue.generation() if requeue is not None else 0
         job, names, grouped = self._decide_grouped(args)
         results, sizes = grouped.results, grouped.sizes
         passing = sum(n for r, n in zip(results, sizes) if r.passed)
@@ -348,6 +367,8 @@ class ExtenderService:
             only = next(r for r in results if r.passed)
             if not only.untouched:
                 self._count_placement(job, only)
+        if requeue is not None:
+            requeue.observe(job, args.Pod, results, passing, generation)
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
                      "; ".join(f"{n}: {results[g].reason}" for n, g in zip(names[:5], grouped.group_of))

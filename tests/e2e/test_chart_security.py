@@ -230,7 +230,7 @@ def test_without_the_admission_policy_the_same_token_could_patch_another_node(ch
     wait_for(denied_again, 30, interval=0.5, message="the re-enabled admission policy was not enforced")
 
 
-# ---- the extender: reads, never writes ----------------------------------------------------------
+# ---- the extender: reads, and writes only its requeue mark on waiting pods -----------------------
 
 def test_the_real_extender_runs_under_its_own_token_and_filters_nodes(chart, tmp_path):
     publish = _run_agent(chart["agent_kc"], _inventory_for(OWN_NODE, tmp_path), OWN_NODE)
@@ -247,6 +247,42 @@ def test_the_real_extender_runs_under_its_own_token_and_filters_nodes(chart, tmp
         assert "forbidden" not in extender.log_path.read_text().lower()
     finally:
         extender.stop()
+
+
+@pytest.fixture(scope="module")
+def waiting_pod(chart) -> k8s.V1Pod:
+    """A pod no scheduler serves: it stays unbound."""
+    return k8s.CoreV1Api(chart["api"]).create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "waits", "labels": {"app": "x"}, "annotations": {"gpuplace.io/vram": "20Gi"}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+
+
+def test_the_extender_token_may_set_its_requeue_mark_on_a_waiting_pod_and_nothing_else(chart, waiting_pod):
+    from scheduler_extender.requeue import REQUEUE_ANNOTATION, pod_patcher
+
+    patch = pod_patcher(chart["extender_api"])  # the extender's own code path, under its own token
+    assert patch("default", "waits", waiting_pod.metadata.uid) == "requeued"
+    pod = k8s.CoreV1Api(chart["api"]).read_namespaced_pod("waits", "default")
+    assert REQUEUE_ANNOTATION in pod.metadata.annotations and pod.metadata.annotations["gpuplace.io/vram"] == "20Gi"
+    assert patch("default", "waits", "not-its-uid") == "gone"  # a pod recreated under the same name is left alone
+
+    ext = chart["extender"]
+    refused = {
+        "change a request annotation": ({"metadata": {"annotations": {"gpuplace.io/vram": "80Gi"}}},
+                                        "only the annotation extender.gpuplace.io/requeued-at; this request changes gpuplace.io/vram"),
+        "add another annotation": ({"metadata": {"annotations": {"x": "1"}}}, "this request changes x"),
+        "change a label": ({"metadata": {"labels": {"app": "y"}}}, "spec, labels, finalizers or owners"),
+        "change the spec": ({"spec": {"activeDeadlineSeconds": 5}}, "spec, labels, finalizers or owners"),
+    }
+    for what, (body, message) in refused.items():
+        assert message in _forbidden(lambda: ext.patch_namespaced_pod("waits", "default", body), what), what
+    # a bound pod (the agent's, on OWN_NODE) is not requeued: its mark would mean nothing
+    bound = f"gpuplace-agent-{OWN_NODE}"
+    msg = _forbidden(lambda: ext.patch_namespaced_pod(bound, NS, {"metadata": {"annotations": {REQUEUE_ANNOTATION: "now"}}}),
+                     "requeue a bound pod")
+    assert "only pods waiting for a node" in msg
+    assert patch(NS, bound, k8s.CoreV1Api(chart["api"]).read_namespaced_pod(bound, NS).metadata.uid) == "forbidden"
 
 
 def test_the_extender_token_is_refused_writes_secrets_and_other_configmaps(chart):
@@ -428,19 +464,40 @@ def test_every_container_of_the_chart_is_locked_down(chart, pod_resources):
     assert any(v["name"] == "pod-resources" for v in ds["spec"]["template"]["spec"]["volumes"]) is pod_resources
 
 
-def test_the_admission_policy_is_on_by_default_can_be_switched_off_and_needs_kubernetes_1_30(chart):
+def test_the_admission_policies_are_on_by_default_can_be_switched_off_and_need_kubernetes_1_30(chart):
     helm = chart["helm"]
-    kinds = {d["kind"] for d in _render(helm)}
-    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
-    binding = next(d for d in _render(helm) if d["kind"] == "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": "gpuplace-agent-node-patch", "validationActions": ["Deny"]}
-    kinds = {d["kind"] for d in _render(helm, "--set", "agent.admissionPolicy.enabled=false")}
-    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & kinds
+
+    def bindings(*args: str) -> dict[str, dict[str, Any]]:
+        docs = _render(helm, *args)
+        policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+        found = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+        assert policies == set(found)
+        return found
+
+    assert bindings() == {
+        "gpuplace-agent-node-patch": {"policyName": "gpuplace-agent-node-patch", "validationActions": ["Deny"]},
+        "gpuplace-extender-pod-requeue": {"policyName": "gpuplace-extender-pod-requeue", "validationActions": ["Deny"]},
+    }
+    assert set(bindings("--set", "agent.admissionPolicy.enabled=false")) == {"gpuplace-extender-pod-requeue"}
+    assert set(bindings("--set", "extender.requeue.admissionPolicy.enabled=false")) == {"gpuplace-agent-node-patch"}
+    assert set(bindings("--set", "extender.requeue.enabled=false")) == {"gpuplace-agent-node-patch"}
     proc = helm("template", RELEASE, str(CHART), "--kube-version", "1.29.9", check=False)
     assert proc.returncode != 0 and "needs Kubernetes >= 1.30" in proc.stderr
-    assert helm("template", RELEASE, str(CHART), "--kube-version", "1.29.9",
-                "--set", "agent.admissionPolicy.enabled=false").returncode == 0
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "1.29.9",
+                "--set", "agent.admissionPolicy.enabled=false", check=False)
+    assert proc.returncode != 0 and "extender.requeue.admissionPolicy.enabled" in proc.stderr
+    assert helm("template", RELEASE, str(CHART), "--kube-version", "1.29.9", "--set", "agent.admissionPolicy.enabled=false",
+                "--set", "extender.requeue.admissionPolicy.enabled=false").returncode == 0
 
+
+def test_without_requeue_the_extender_gets_no_patch_on_pods_and_runs_with_requeue_off(chart):
+    docs = _by_kind_name(_render(chart["helm"], "--set", "extender.requeue.enabled=false"))
+    rules = docs[("ClusterRole", "gpuplace-extender")]["rules"]
+    assert not any("patch" in r["verbs"] for r in rules), rules
+    args = docs[("Deployment", "gpuplace-extender")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-requeue-rejected-pods" in args
+    default = _by_kind_name(_render(chart["helm"]))
+    assert "--no-requeue-rejected-pods" not in default[("Deployment", "gpuplace-extender")]["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_own_scheduler_mode_with_tls_prints_an_https_extenders_snippet_and_where_the_ca_is(chart):

@@ -1,0 +1,243 @@
+"""Pods the extender turned away, sent back to kube-scheduler's queue when its view turns in their favour.
+
+kube-scheduler keeps a pod that an extender rejected in its unschedulable pool and retries it on
+the next cluster event it sees itself (any Node, Pod, ... event: the pod's rejector is the
+pseudo-plugin ``Extender``, whose queueing hint accepts every event; kubernetes#122019, fixed by
+#122022), or at the latest after ``podMaxInUnschedulablePodsDuration`` (5 min upstream, 60 s in
+the chart). Two cases leave a pod waiting for that flush although the extender would now place it:
+
+* **The race.** kube-scheduler and the extender watch the same Node or Pod. When kube-scheduler's
+  informer delivers a change first, it retries the pod at once and the extender answers from its
+  older view; once the extender's view catches up, no event is left to retry on. Seen on the real
+  control plane: a Node's allocatable raised to agree with its inventory, with the pod's backoff
+  already over (``tests/e2e/test_inventory_trust.py``).
+* **Changes kube-scheduler never sees:** a policy reload (file or ConfigMap).
+
+So the extender remembers the pods for which it passed no node (:class:`RejectedPods`), re-decides
+each one on the nodes that changed since its answer (the cache's change log), or on every node
+after a policy reload, and when a node now passes, patches the pod's :data:`REQUEUE_ANNOTATION`.
+An update of an unschedulable pod is an event for that pod (``PriorityQueue.Update`` in
+kubernetes pkg/scheduler/backend/queue/scheduling_queue.go), which the Extender hint accepts.
+
+Bounded: at most :data:`MAX_PODS` pods are remembered, each for at most :data:`MAX_AGE_SECONDS`
+(kube-scheduler retries by then anyway). A pod is requeued at most once per rejection, and after a
+requeue not again for a backoff that doubles from 1 s to :data:`MAX_BACKOFF_SECONDS`: a node the
+extender passes but kube-scheduler's own plugins refuse (a taint) costs a bounded number of patches.
+
+Only :func:`pod_patcher` talks to the API server; the rest is bookkeeping, testable without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from scheduler_extender.core.engine import decision_job
+
+if TYPE_CHECKING:
+    from scheduler_extender.core.filter import NodeResult
+    from scheduler_extender.core.job import Job
+    from scheduler_extender.metrics import RequeueMetrics
+    from scheduler_extender.server import ExtenderService
+
+log = logging.getLogger(__name__)
+
+REQUEUE_ANNOTATION = "extender.gpuplace.io/requeued-at"
+"""Written by the extender on a pending pod it now has a node for (RFC 3339 UTC time). Outside the
+``gpuplace.io/`` requests a user writes, so it never changes what the pod asks for."""
+
+MAX_PODS = 10_000
+MAX_AGE_SECONDS = 300.0
+"""kube-scheduler's upstream ``podMaxInUnschedulablePodsDuration``: a pod waiting longer is retried
+by kube-scheduler itself, and rejected again (and remembered again) if it still fits nowhere."""
+MAX_BACKOFF_SECONDS = 60.0
+CHECK_INTERVAL_SECONDS = 0.5
+"""How often remembered pods are re-decided: the delay between the extender's view changing and
+the pod's requeue."""
+
+RESULTS = ("requeued", "gone", "forbidden", "error")
+"""Outcomes of a requeue patch (the ``result`` label of ``gpuplace_extender_requeued_pods_total``)."""
+
+
+@dataclass
+class Rejection:
+    """A pod for which the extender's last filter answer passed no node."""
+
+    uid: str
+    namespace: str
+    name: str
+    pod: Mapping[str, Any]  # as kube-scheduler sent it: re-resolved after a policy reload
+    generation: int  # the source's change-log generation the answer was decided at (or later)
+    engine_serial: int  # the policy (``Engine.serial``) it was decided under
+    at: float  # monotonic seconds of the answer
+
+
+class Requeuer:
+    """Remembers rejected pods (``observe``, from ``/filter``) and finds the ones to requeue (``due``).
+
+    ``service``: the ``ExtenderService`` whose source has a change log (``generation`` and
+    ``changes_since``, as ``ClusterSource``). ``patch(namespace, name, uid)`` returns one of
+    :data:`RESULTS`. ``pending(uid)``: whether the pod still waits for a node (None: not known yet);
+    a pod that no longer waits is forgotten.
+    """
+
+    def __init__(self, service: ExtenderService, patch: Callable[[str, str, str], str],
+                 pending: Callable[[str], bool | None] | None = None, metrics: RequeueMetrics | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, max_pods: int = MAX_PODS,
+                 max_age_seconds: float = MAX_AGE_SECONDS) -> None:
+        self._service, self._patch, self._pending, self._metrics = service, patch, pending, metrics
+        self._clock, self._max_pods, self._max_age = clock, max_pods, max_age_seconds
+        self._lock = threading.Lock()
+        self._pods: OrderedDict[str, Rejection] = OrderedDict()
+        self._backoff: OrderedDict[str, tuple[int, float]] = OrderedDict()  # uid -> (requeues, not before)
+
+    def generation(self) -> int:
+        """The source's change-log generation now; read before deciding, so a change that lands
+        during the decision counts as after it."""
+        return int(self._service.source.generation)  # type: ignore[attr-defined]
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def observe(self, job: Job, pod: Any, results: list[NodeResult], passing: int, generation: int) -> None:
+        """Note one filter answer: remember the pod if no node passed for reasons a change of the
+        extender's view could lift; forget it otherwise (a node passed, it asks for no GPU, or its
+        annotations are invalid: only an edit of the pod fixes those, and that is an event)."""
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if not isinstance(uid, str) or not uid:
+            return
+        with self._lock:
+            if passing or job.errors or not results or all(r.untouched for r in results):
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = Rejection(uid, str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
+                                            pod, generation, self._service.engine.serial, self._clock())
+                self._pods.move_to_end(uid)
+                while len(self._pods) > self._max_pods:
+                    self._pods.popitem(last=False)
+        if self._metrics is not None:
+            self._metrics.remembered.set(len(self._pods))
+
+    def due(self) -> list[Rejection]:
+        """The remembered pods a node now passes for, each removed from memory; the others are
+        marked as decided at the current view. Pure apart from reading the service's view."""
+        service = self._service
+        now = self._clock()
+        generation = self.generation()
+        engine = service.engine
+        all_names: list[str] | None = None
+        # (id of the decision job, generation it was last decided at) -> passes: pods of one spec
+        # (a controller's replicas) are decided once
+        decided: dict[tuple[int, int], bool] = {}
+        jobs: list[Job] = []  # keeps the jobs alive while their ids key ``decided``
+        out: list[Rejection] = []
+        with self._lock:
+            rejections = list(self._pods.values())
+        for r in rejections:
+            if now - r.at > self._max_age or (self._pending is not None and self._pending(r.uid) is False):
+                self._forget(r.uid, backoff_too=True)
+                continue
+            if r.generation == generation and r.engine_serial == engine.serial:
+                continue
+            if now < self._backoff.get(r.uid, (0, 0.0))[1]:
+                continue  # keep its generation: the changes add up until the backoff is over
+            same_policy = r.engine_serial == engine.serial
+            changes = service.source.changes_since(r.generation) if same_policy else None  # type: ignore[attr-defined]
+            if changes is None:
+                if all_names is None:
+                    all_names = sorted(service.source.node_names())
+                names = all_names
+            else:
+                names = sorted(changes[1])
+            job = decision_job(service.job_for(engine, r.pod))
+            jobs.append(job)
+            key = (id(job), r.generation if same_policy and changes is not None else -1)
+            if key not in decided:
+                decided[key] = bool(names) and service.passes_any(engine, job, names)
+            r.generation, r.engine_serial = generation, engine.serial
+            if decided[key]:
+                self._forget(r.uid)
+                count = self._backoff.get(r.uid, (0, 0.0))[0]
+                self._backoff[r.uid] = (count + 1, now + min(MAX_BACKOFF_SECONDS, 2.0 ** count))
+                self._backoff.move_to_end(r.uid)
+                while len(self._backoff) > self._max_pods:
+                    self._backoff.popitem(last=False)
+                out.append(r)
+        if self._metrics is not None:
+            self._metrics.remembered.set(len(self._pods))
+        return out
+
+    def _forget(self, uid: str, backoff_too: bool = False) -> None:
+        with self._lock:
+            self._pods.pop(uid, None)
+        if backoff_too:
+            self._backoff.pop(uid, None)
+
+    def requeue(self, r: Rejection) -> str:
+        """Patch one pod (blocking: run it in a thread); counts and logs the result."""
+        try:
+            result = self._patch(r.namespace, r.name, r.uid)
+        except Exception as e:  # noqa: BLE001 - one failed patch must not stop the loop
+            log.warning("requeue of pod %s/%s failed: %s: %s", r.namespace, r.name, type(e).__name__, e)
+            result = "error"
+        if result == "requeued":
+            log.info("pod %s/%s requeued: a node it was refused now passes", r.namespace, r.name)
+        elif result == "forbidden":
+            log.warning("pod %s/%s not requeued: the API server refused the patch of %s (the extender needs "
+                        "patch on pods; see --requeue-rejected-pods)", r.namespace, r.name, REQUEUE_ANNOTATION)
+        if self._metrics is not None:
+            self._metrics.requeued.labels(result).inc()
+        return result
+
+    async def run(self, interval_seconds: float = CHECK_INTERVAL_SECONDS) -> None:
+        """Forever: every ``interval_seconds``, requeue the pods that are due. Runs on the server's
+        event loop, as the filter calls do, so a check never interleaves with a decision."""
+        while True:
+            await asyncio.sleep(interval_seconds)
+            try:
+                due = self.due()
+            except Exception:  # noqa: BLE001 - keep checking; the filter path is unaffected
+                log.exception("requeue check failed")
+                continue
+            for r in due:
+                await asyncio.to_thread(self.requeue, r)
+
+
+def requeue_patch(now: dt.datetime, uid: str) -> dict[str, Any]:
+    """The patch body: the annotation, and the pod's uid as a precondition (a pod recreated under
+    the same name is not touched: the API server refuses a changed uid)."""
+    stamp = now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"metadata": {"uid": uid, "annotations": {REQUEUE_ANNOTATION: stamp}}}
+
+
+def pod_patcher(api_client: Any) -> Callable[[str, str, str], str]:
+    """``patch(namespace, name, uid)`` through the Kubernetes API (a JSON merge patch of
+    :func:`requeue_patch`); returns one of :data:`RESULTS`: ``gone`` for a pod deleted or recreated
+    (404, 409, 422), ``forbidden`` for 403 (RBAC, or the chart's admission policy)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(api_client)
+
+    def patch(namespace: str, name: str, uid: str) -> str:
+        body = requeue_patch(dt.datetime.now(dt.timezone.utc), uid)
+        try:
+            core.patch_namespaced_pod(name, namespace, body, _content_type="application/merge-patch+json",
+                                      _request_timeout=10)
+        except ApiException as e:
+            if e.status in (404, 409, 422):
+                return "gone"
+            if e.status == 403:
+                return "forbidden"
+            log.warning("requeue patch of pod %s/%s: HTTP %s: %s", namespace, name, e.status, str(e.body)[:300])
+            return "error"
+        return "requeued"
+
+    return patch
