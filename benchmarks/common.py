@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
+from tests.harness.controlplane import free_port  # noqa: F401  (re-exported: one free_port for tests and benchmarks)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
@@ -87,12 +89,6 @@ def cpu_seconds(pid: int) -> float | None:
 def rss_mib(pid: int) -> float | None:
     """Resident set size of a process now (``VmRSS``), MiB."""
     return _status_mib(pid, "VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(argv: list[str], port: int, log_path: Path, timeout: float = 180) -> subprocess.Popen[bytes]:

@@ -348,7 +348,7 @@ def test_expired_resource_version_answers_410_and_the_extender_relists(fc: Fault
     gone_s = time.monotonic() - t0
     delete_pods(fc, names[:1])
     converge_s = wait_converged(fc, "410 Gone", since=t0)
-    after = assert_relisted(fc, before, "410 Gone")
+    assert_relisted(fc, before, "410 Gone")
     report(f"fault 410-gone: etcd compacted at revision {revision}; both replicas got 410 Gone within {gone_s:.1f}s, "
            f"relisted, and converged {converge_s:.1f}s after the compaction")
     probe_then_clean_up(fc, "410 gone", names)

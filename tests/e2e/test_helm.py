@@ -9,7 +9,6 @@ and an agent, and promtool checks their metrics and the chart's alert rules."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil

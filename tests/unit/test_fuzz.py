@@ -24,7 +24,6 @@ from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import build_node_view
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.core.filter import C_ANNOTATION
 from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.core.requirements import KNOWN_ANNOTATIONS
 from scheduler_extender.server import ExtenderService, create_app
