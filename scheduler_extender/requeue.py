@@ -21,8 +21,10 @@ kubernetes pkg/scheduler/backend/queue/scheduling_queue.go), which the Extender 
 
 Bounded: at most :data:`MAX_PODS` pods are remembered, each for at most :data:`MAX_AGE_SECONDS`
 (kube-scheduler retries by then anyway). A pod is requeued at most once per rejection, and after a
-requeue not again for a backoff that doubles from 1 s to :data:`MAX_BACKOFF_SECONDS`: a node the
-extender passes but kube-scheduler's own plugins refuse (a taint) costs a bounded number of patches.
+requeue not again for a backoff that doubles from 1 s to :data:`MAX_BACKOFF_SECONDS`. A node that
+the extender passes but kube-scheduler's own plugins refuse (a taint) requeues a pod once: when
+kube-scheduler then leaves it out of the pod's request, changes there no longer count for that
+pod (``_History``).
 
 Only :func:`pod_patcher` talks to the API server; the rest is bookkeeping, testable without one.
 """
@@ -36,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Container, Mapping, Sequence
 
 from scheduler_extender.core.engine import decision_job
 
@@ -60,6 +62,9 @@ MAX_BACKOFF_SECONDS = 60.0
 CHECK_INTERVAL_SECONDS = 0.5
 """How often remembered pods are re-decided: the delay between the extender's view changing and
 the pod's requeue."""
+PENDING_GRACE_SECONDS = 10.0
+"""A pod the pending-pods watch does not list is taken for gone (bound or deleted) only this long
+after its rejection: that watch, too, may deliver a new pod after kube-scheduler has sent it."""
 
 RESULTS = ("requeued", "gone", "forbidden", "error")
 """Outcomes of a requeue patch (the ``result`` label of ``gpuplace_extender_requeued_pods_total``)."""
@@ -72,10 +77,34 @@ class Rejection:
     uid: str
     namespace: str
     name: str
-    pod: Mapping[str, Any]  # as kube-scheduler sent it: re-resolved after a policy reload
+    pod: Mapping[str, Any]  # metadata (without managedFields) and spec: re-resolved after a policy reload
     generation: int  # the source's change-log generation the answer was decided at (or later)
     engine_serial: int  # the policy (``Engine.serial``) it was decided under
     at: float  # monotonic seconds of the answer
+    excluded: frozenset[str] = frozenset()  # nodes kube-scheduler left out of the request (``_History``)
+
+
+@dataclass
+class _History:
+    """A pod's requeues, across its rejections.
+
+    ``triggers``: the nodes that passed at the last requeue. If kube-scheduler then leaves one out
+    of the pod's next request (its own plugins refuse it: a taint, a nodeSelector, CPU), the node
+    is ``excluded``: a change there does not requeue the pod again, until kube-scheduler sends the
+    node again. Without this, such a node would requeue the pod at every agent report, forever.
+    """
+
+    requeues: int = 0
+    not_before: float = 0.0
+    triggers: frozenset[str] = frozenset()
+    excluded: frozenset[str] = frozenset()
+
+
+def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What resolving the pod reads (metadata, spec): kept instead of the whole object, whose
+    ``managedFields`` and status can be larger than the rest."""
+    meta = pod.get("metadata") or {}
+    return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "spec": pod.get("spec")}
 
 
 class Requeuer:
@@ -84,7 +113,7 @@ class Requeuer:
     ``service``: the ``ExtenderService`` whose source has a change log (``generation`` and
     ``changes_since``, as ``ClusterSource``). ``patch(namespace, name, uid)`` returns one of
     :data:`RESULTS`. ``pending(uid)``: whether the pod still waits for a node (None: not known yet);
-    a pod that no longer waits is forgotten.
+    a pod that does not wait is not requeued, and forgotten after :data:`PENDING_GRACE_SECONDS`.
     """
 
     def __init__(self, service: ExtenderService, patch: Callable[[str, str, str], str],
@@ -93,9 +122,9 @@ class Requeuer:
                  max_age_seconds: float = MAX_AGE_SECONDS) -> None:
         self._service, self._patch, self._pending, self._metrics = service, patch, pending, metrics
         self._clock, self._max_pods, self._max_age = clock, max_pods, max_age_seconds
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # observe/due run on the event loop, requeue in a worker thread
         self._pods: OrderedDict[str, Rejection] = OrderedDict()
-        self._backoff: OrderedDict[str, tuple[int, float]] = OrderedDict()  # uid -> (requeues, not before)
+        self._history: OrderedDict[str, _History] = OrderedDict()
 
     def generation(self) -> int:
         """The source's change-log generation now; read before deciding, so a change that lands
@@ -105,20 +134,31 @@ class Requeuer:
     def __len__(self) -> int:
         return len(self._pods)
 
-    def observe(self, job: Job, pod: Any, results: list[NodeResult], passing: int, generation: int) -> None:
-        """Note one filter answer: remember the pod if no node passed for reasons a change of the
-        extender's view could lift; forget it otherwise (a node passed, it asks for no GPU, or its
-        annotations are invalid: only an edit of the pod fixes those, and that is an event)."""
+    def observe(self, job: Job, pod: Any, names: Sequence[str], results: list[NodeResult], passing: int,
+                generation: int, engine_serial: int) -> None:
+        """Note one filter answer for ``names``, decided at ``generation`` under the policy of
+        ``engine_serial`` (both read before deciding): remember the pod if no node passed for
+        reasons a change of the extender's view could lift; forget it otherwise (a node passed, it
+        asks for no GPU, or its annotations are invalid: only an edit of the pod fixes those, and
+        that is an event)."""
         meta = pod.get("metadata") if isinstance(pod, dict) else None
         uid = meta.get("uid") if isinstance(meta, dict) else None
         if not isinstance(uid, str) or not uid:
             return
+        forget = bool(passing or job.errors or not results or all(r.untouched for r in results))
         with self._lock:
-            if passing or job.errors or not results or all(r.untouched for r in results):
+            if forget:
                 self._pods.pop(uid, None)
             else:
+                h = self._history.get(uid)
+                excluded: frozenset[str] = frozenset()
+                if h is not None and (h.triggers or h.excluded):
+                    suspects = h.triggers | h.excluded
+                    sent: Container[str] = set(names) if len(suspects) > 8 else names
+                    excluded = h.excluded = frozenset(n for n in suspects if n not in sent)
+                    h.triggers = frozenset()
                 self._pods[uid] = Rejection(uid, str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
-                                            pod, generation, self._service.engine.serial, self._clock())
+                                            _slim(pod), generation, engine_serial, self._clock(), excluded)
                 self._pods.move_to_end(uid)
                 while len(self._pods) > self._max_pods:
                     self._pods.popitem(last=False)
@@ -126,62 +166,78 @@ class Requeuer:
             self._metrics.remembered.set(len(self._pods))
 
     def due(self) -> list[Rejection]:
-        """The remembered pods a node now passes for, each removed from memory; the others are
-        marked as decided at the current view. Pure apart from reading the service's view."""
+        """The remembered pods a node (not excluded) now passes for, each removed from memory; the
+        others are marked as decided at the current view. A pod whose check raises is logged and
+        kept (it is checked again at the next change). Reads only the service's view."""
         service = self._service
         now = self._clock()
         generation = self.generation()
         engine = service.engine
         all_names: list[str] | None = None
-        # (id of the decision job, generation it was last decided at) -> passes: pods of one spec
-        # (a controller's replicas) are decided once
-        decided: dict[tuple[int, int], bool] = {}
+        # (id of the decision job, generation it was last decided at) -> passing nodes: pods of one
+        # spec (a controller's replicas) are decided once
+        decided: dict[tuple[int, int], list[str]] = {}
         jobs: list[Job] = []  # keeps the jobs alive while their ids key ``decided``
         out: list[Rejection] = []
         with self._lock:
             rejections = list(self._pods.values())
         for r in rejections:
-            if now - r.at > self._max_age or (self._pending is not None and self._pending(r.uid) is False):
-                self._forget(r.uid, backoff_too=True)
+            age = now - r.at
+            waiting = self._pending(r.uid) if self._pending is not None else None
+            if age > self._max_age or (waiting is False and age > PENDING_GRACE_SECONDS):
+                self._forget(r.uid, history_too=True)
                 continue
-            if r.generation == generation and r.engine_serial == engine.serial:
+            if waiting is False or (r.generation == generation and r.engine_serial == engine.serial):
                 continue
-            if now < self._backoff.get(r.uid, (0, 0.0))[1]:
+            with self._lock:
+                h = self._history.get(r.uid)
+            if h is not None and now < h.not_before:
                 continue  # keep its generation: the changes add up until the backoff is over
             same_policy = r.engine_serial == engine.serial
-            changes = service.source.changes_since(r.generation) if same_policy else None  # type: ignore[attr-defined]
-            if changes is None:
-                if all_names is None:
-                    all_names = sorted(service.source.node_names())
-                names = all_names
-            else:
-                names = sorted(changes[1])
-            job = decision_job(service.job_for(engine, r.pod))
-            jobs.append(job)
-            key = (id(job), r.generation if same_policy and changes is not None else -1)
-            if key not in decided:
-                decided[key] = bool(names) and service.passes_any(engine, job, names)
-            r.generation, r.engine_serial = generation, engine.serial
-            if decided[key]:
-                self._forget(r.uid)
-                count = self._backoff.get(r.uid, (0, 0.0))[0]
-                self._backoff[r.uid] = (count + 1, now + min(MAX_BACKOFF_SECONDS, 2.0 ** count))
-                self._backoff.move_to_end(r.uid)
-                while len(self._backoff) > self._max_pods:
-                    self._backoff.popitem(last=False)
+            since = r.generation
+            r.generation, r.engine_serial = generation, engine.serial  # a check that raises is not repeated
+            try:
+                changes = service.source.changes_since(since) if same_policy else None  # type: ignore[attr-defined]
+                if changes is None:
+                    if all_names is None:
+                        all_names = sorted(service.source.node_names())
+                    names = all_names
+                else:
+                    names = sorted(changes[1])
+                job = decision_job(service.job_for(engine, r.pod))
+                jobs.append(job)
+                key = (id(job), since if changes is not None else -1)
+                if key not in decided:
+                    decided[key] = service.passing_nodes(engine, job, names) if names else []
+                triggers = frozenset(n for n in decided[key] if n not in r.excluded)
+            except Exception:  # noqa: BLE001 - one pod's check must not stop the others'
+                log.exception("requeue check of pod %s/%s failed", r.namespace, r.name)
+                continue
+            if triggers:
+                with self._lock:
+                    self._pods.pop(r.uid, None)
+                    h = self._history.setdefault(r.uid, _History())
+                    self._history.move_to_end(r.uid)
+                    h.not_before = now + min(MAX_BACKOFF_SECONDS, 2.0 ** h.requeues)
+                    h.requeues += 1
+                    h.triggers = triggers
+                    while len(self._history) > self._max_pods:
+                        self._history.popitem(last=False)
                 out.append(r)
         if self._metrics is not None:
             self._metrics.remembered.set(len(self._pods))
         return out
 
-    def _forget(self, uid: str, backoff_too: bool = False) -> None:
+    def _forget(self, uid: str, history_too: bool = False) -> None:
         with self._lock:
             self._pods.pop(uid, None)
-        if backoff_too:
-            self._backoff.pop(uid, None)
+            if history_too:
+                self._history.pop(uid, None)
 
     def requeue(self, r: Rejection) -> str:
-        """Patch one pod (blocking: run it in a thread); counts and logs the result."""
+        """Patch one pod (blocking: run it in a thread); counts and logs the result. After an
+        ``error`` (API server unreachable, say) the pod is remembered again, to be retried after
+        its backoff, unless a newer answer replaced it meanwhile."""
         try:
             result = self._patch(r.namespace, r.name, r.uid)
         except Exception as e:  # noqa: BLE001 - one failed patch must not stop the loop
@@ -192,6 +248,11 @@ class Requeuer:
         elif result == "forbidden":
             log.warning("pod %s/%s not requeued: the API server refused the patch of %s (the extender needs "
                         "patch on pods; see --requeue-rejected-pods)", r.namespace, r.name, REQUEUE_ANNOTATION)
+        elif result == "error":
+            with self._lock:
+                if r.uid not in self._pods:
+                    r.generation = -1  # decide again on every node
+                    self._pods[r.uid] = r
         if self._metrics is not None:
             self._metrics.requeued.labels(result).inc()
         return result

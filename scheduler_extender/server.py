@@ -239,11 +239,12 @@ class ExtenderService:
         """The resolved ``pod`` under ``engine`` (remembered as for a filter call)."""
         return self._job(engine, pod)
 
-    def passes_any(self, engine: Engine, job: Job, names: list[str]) -> bool:
-        """Whether the filter would pass ``job`` on any of ``names`` in the source's current view
-        (no metrics, no remembered answers: for ``requeue``'s re-decisions)."""
+    def passing_nodes(self, engine: Engine, job: Job, names: list[str]) -> list[str]:
+        """Those of ``names`` the filter would pass ``job`` on in the source's current view (no
+        metrics, no remembered answers: for ``requeue``'s re-decisions)."""
         grouped = engine.filter_grouped(job, self.source.states(names, None), self.source.now())
-        return any(r.passed and not r.untouched for r in grouped.results)
+        results = grouped.results
+        return [n for n, g in zip(names, grouped.group_of) if results[g].passed and not results[g].untouched]
 
     def _job(self, engine: Engine, pod: Any) -> Job:
         """``engine.job`` for ``pod``, remembered per pod version: kube-scheduler sends the same pod
@@ -336,7 +337,8 @@ class ExtenderService:
     def filter_response(self, args: ExtenderArgs) -> bytes:
         """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
         requeue = self.requeue
-        generation = requeue.generation() if requeue is not None else 0
+        # read before deciding: a change or a reload landing meanwhile counts as after the answer
+        generation, serial = (requeue.generation(), self.engine.serial) if requeue is not None else (0, 0)
         job, names, grouped = self._decide_grouped(args)
         results, sizes = grouped.results, grouped.sizes
         passing = sum(n for r, n in zip(results, sizes) if r.passed)
@@ -368,7 +370,7 @@ class ExtenderService:
             if not only.untouched:
                 self._count_placement(job, only)
         if requeue is not None:
-            requeue.observe(job, args.Pod, results, passing, generation)
+            requeue.observe(job, args.Pod, names, results, passing, generation, serial)
         if not passing and results and not job.errors:
             log.info("pod %s fits no node: %s", job.req.key,
                      "; ".join(f"{n}: {results[g].reason}" for n, g in zip(names[:5], grouped.group_of))

@@ -12,7 +12,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import parse_policy
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.requeue import REQUEUE_ANNOTATION, Requeuer, requeue_patch
+from scheduler_extender.requeue import PENDING_GRACE_SECONDS, REQUEUE_ANNOTATION, Requeuer, requeue_patch
 from scheduler_extender.sources import ClusterSource
 from scheduler_extender.server import ExtenderService
 from scheduler_extender.wire import parse_extender_args
@@ -59,9 +59,10 @@ class Setup:
         self.patched.append((namespace, name, uid))
         return "requeued"
 
-    def filter(self, p: dict) -> dict:
+    def filter(self, p: dict, names: list[str] = NODES) -> dict:
+        """kube-scheduler's filter call, with the nodes its own plugins passed."""
         self.waiting[p["metadata"]["uid"]] = True
-        return self.service.filter(parse_extender_args(json.dumps({"Pod": p, "NodeNames": NODES}).encode()))
+        return self.service.filter(parse_extender_args(json.dumps({"Pod": p, "NodeNames": names}).encode()))
 
     def agree(self, name: str) -> None:
         """The device plugin now advertises all 4 GPUs of ``name``."""
@@ -133,14 +134,28 @@ def test_a_remembered_pod_that_then_passes_a_node_is_forgotten():
     assert len(s.requeuer) == 0 and s.due_names() == []
 
 
-def test_a_pod_bound_or_deleted_meanwhile_is_forgotten_unknown_is_kept():
+def test_a_pod_no_longer_pending_is_not_requeued_and_forgotten_after_the_grace_unknown_is_kept():
     s = Setup()
     s.filter(pod(name="gone"))
     s.filter(pod(name="unknown"))
-    s.waiting["uid-default-gone"] = False
+    s.waiting["uid-default-gone"] = False  # bound or deleted; or not delivered yet by the pending-pods watch
     del s.waiting["uid-default-unknown"]  # the pending-pods list has not arrived yet
     s.agree("gpu-4090-0")
     assert s.due_names() == ["unknown"]
+    assert [r.name for r in s.requeuer._pods.values()] == ["gone"]  # kept: its watch may lag
+    s.clock.t += PENDING_GRACE_SECONDS + 1
+    assert s.due_names() == [] and len(s.requeuer) == 0
+
+
+def test_a_pod_the_pending_watch_delivers_late_is_still_requeued():
+    s = Setup()
+    s.filter(pod(name="new"))
+    s.waiting["uid-default-new"] = False  # not delivered yet
+    s.agree("gpu-4090-0")
+    assert s.due_names() == []
+    s.clock.t += 1
+    s.waiting["uid-default-new"] = True  # delivered
+    assert s.due_names() == ["new"]
 
 
 def test_a_requeued_pod_waits_a_doubling_backoff_before_its_next_requeue():
@@ -207,8 +222,8 @@ def test_pods_of_one_spec_are_decided_once_per_check():
     for i in range(5):
         s.filter(pod(name=f"replica-{i}"))
     calls = []
-    passes_any = s.service.passes_any
-    s.service.passes_any = lambda *a: calls.append(a) or passes_any(*a)
+    passing_nodes = s.service.passing_nodes
+    s.service.passing_nodes = lambda *a: calls.append(a) or passing_nodes(*a)
     s.agree("gpu-4090-0")
     assert sorted(s.due_names()) == [f"replica-{i}" for i in range(5)]
     assert len(calls) == 1
@@ -251,3 +266,69 @@ def test_the_loop_patches_due_pods_off_the_event_loop_and_keeps_going_after_a_fa
     loop_thread = asyncio.run(asyncio.wait_for(main(), 10))
     assert threads and threads[0] is not loop_thread
     assert s.metrics.requeue.requeued.labels("requeued")._value.get() == 1
+
+
+def test_a_node_kube_scheduler_leaves_out_requeues_a_pod_once_until_it_is_sent_again():
+    s = Setup()
+    s.filter(pod(name="tainted-elsewhere"), names=["gpu-4090-0"])  # kube-scheduler refuses gpu-4090-1 itself
+    s.agree("gpu-4090-1")
+    assert s.due_names() == ["tainted-elsewhere"]  # the extender cannot know kube-scheduler refuses it
+    s.filter(pod(name="tainted-elsewhere"), names=["gpu-4090-0"])  # the retry: gpu-4090-1 left out again
+    for _ in range(3):  # the agent's reports change the node again and again
+        s.clock.t += 61
+        s.cache.apply_node_event("MODIFIED", node("gpu-4090-1", 4))
+        assert s.due_names() == []
+    s.filter(pod(name="tainted-elsewhere"), names=NODES)  # the taint is gone; the extender refuses both now
+    s.cache.apply_node_event("MODIFIED", node("gpu-4090-1", 2))
+    s.filter(pod(name="tainted-elsewhere"), names=NODES)
+    s.agree("gpu-4090-1")
+    assert s.due_names() == ["tainted-elsewhere"]
+
+
+def test_a_policy_reload_landing_during_the_decision_is_still_a_change_for_that_pod():
+    s = Setup(engine=Engine(parse_policy(DENY_4090)), allocatable=4)
+    decide = s.service._decide_grouped
+
+    def decide_then_reload(args):
+        out = decide(args)
+        s.service.engine = Engine(parse_policy(MINIMAL))  # the ConfigMap watcher swaps it meanwhile
+        return out
+
+    s.service._decide_grouped = decide_then_reload
+    s.filter(pod(name="denied"))
+    assert s.due_names() == ["denied"]
+
+
+def test_a_pod_whose_check_raises_is_kept_and_the_others_are_still_requeued():
+    s = Setup()
+    s.filter(pod(name="a"))
+    s.filter(pod(name="b"))
+    job_for = s.service.job_for
+
+    def failing_for_a(engine, p):
+        if p["metadata"]["name"] == "a":
+            raise ValueError("broken pod")
+        return job_for(engine, p)
+
+    s.service.job_for = failing_for_a
+    s.agree("gpu-4090-0")
+    assert s.due_names() == ["b"]
+    assert [r.name for r in s.requeuer._pods.values()] == ["a"]
+    s.service.job_for = job_for
+    assert s.due_names() == []  # not re-checked until the view changes again
+    s.agree("gpu-4090-1")
+    assert s.due_names() == ["a"]
+
+
+def test_a_patch_that_fails_is_retried_after_the_backoff_a_refused_one_is_not():
+    s = Setup()
+    s.filter(pod(name="api-down"))
+    s.filter(pod(name="no-rbac"))
+    s.agree("gpu-4090-0")
+    outcome = {"api-down": "error", "no-rbac": "forbidden"}
+    s.requeuer._patch = lambda ns, name, uid: outcome[name]
+    assert sorted(s.requeuer.requeue(r) for r in s.requeuer.due()) == ["error", "forbidden"]
+    assert [r.name for r in s.requeuer._pods.values()] == ["api-down"]
+    assert s.due_names() == []  # backoff: 1 s
+    s.clock.t += 1
+    assert s.due_names() == ["api-down"]
