@@ -60,6 +60,13 @@ ROWS: list[tuple[str, list[tuple[str, str, str, int, int, list[tuple[str, str]],
         ("Rejected nodes: resolvable by preemption or not", "timeseries", "ops", 12, 8,
          [(f"sum by (resolvable) (rate(gpuplace_extender_failed_nodes_total[{RI}]))", "resolvable={{resolvable}}")],
          "resolvable=true: GPUs busy (preemption may help); false: the node can never run the pod."),
+        ("Waiting pods requeued by the extender", "timeseries", "ops", 12, 8,
+         [(f"sum by (result) (rate(gpuplace_extender_requeued_pods_total[{RI}]))", "{{result}}")],
+         "A node now passes for a pod the extender had refused: it marked the pod so that kube-scheduler "
+         "retries it at once. forbidden: RBAC or the admission policy refuses the mark."),
+        ("Refused pods remembered for a requeue", "timeseries", "short", 12, 8,
+         [("sum(gpuplace_extender_rejected_pods)", "pods")],
+         "Pods whose last filter answer passed no node, summed over extender replicas."),
     ]),
     ("Is the estimate right-sized", [
         ("VRAM estimate / granted GPU memory (p50, p90)", "timeseries", "percentunit", 12, 8,

@@ -438,7 +438,7 @@ def test_promtool_accepts_the_charts_alert_rules(prometheus, helm_cp, tmp_path):
             "GpuplaceGPUUnhealthy", "GpuplaceExtenderCacheNotSynced"} <= alerts
 
 
-def test_alerts_fire_on_stale_inventories_slow_filters_and_server_errors(prometheus, helm_cp, tmp_path):
+def test_alerts_fire_on_stale_inventories_slow_filters_server_errors_and_refused_requeues(prometheus, helm_cp, tmp_path):
     """``promtool test rules`` on synthetic series: each alert fires when, and only when, it should."""
     _, _, helm, _ = helm_cp
     _chart_rules(helm, tmp_path / "rules.yaml")
@@ -459,6 +459,8 @@ def test_alerts_fire_on_stale_inventories_slow_filters_and_server_errors(prometh
                 # 5 % of calls answer 500
                 {"series": 'gpuplace_extender_requests_total{verb="filter",code="200"}', "values": "0+95x30"},
                 {"series": 'gpuplace_extender_requests_total{verb="filter",code="500"}', "values": "0+5x30"},
+                # requeue marks refused from minute 20 on (RBAC without patch on pods)
+                {"series": 'gpuplace_extender_requeued_pods_total{result="forbidden"}', "values": "0x20 1+1x10"},
             ],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "GpuplaceInventoryStale", "exp_alerts": []},
@@ -474,6 +476,14 @@ def test_alerts_fire_on_stale_inventories_slow_filters_and_server_errors(prometh
                         "summary": "Filter p99 latency is close to kube-scheduler's 5s extender timeout.",
                         "description": "p99 of /filter is 4.975s; a filter call that times out fails the pod's "
                                        "scheduling cycle."}}]},
+                {"eval_time": "15m", "alertname": "GpuplaceRequeueForbidden", "exp_alerts": []},
+                {"eval_time": "25m", "alertname": "GpuplaceRequeueForbidden", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning"},
+                    "exp_annotations": {
+                        "summary": "The extender may not requeue waiting pods.",
+                        "description": "The API server refused 5 requeue marks in 15 minutes (RBAC patch on pods, "
+                                       "or an admission policy); waiting pods are retried only by kube-scheduler's "
+                                       "periodic flush."}}]},
                 {"eval_time": "15m", "alertname": "GpuplaceExtenderErrors", "exp_alerts": [{
                     "exp_labels": {"severity": "critical"},
                     "exp_annotations": {

@@ -37,6 +37,12 @@ groups:
     annotations:
       summary: A policy edit was rejected; the previous policy is still in force.
       description: 'See the Events of the policy ConfigMap (reason PolicyRejected) for the field that is wrong.'
+  - alert: GpuplaceRequeueForbidden
+    expr: sum(increase(gpuplace_extender_requeued_pods_total{result="forbidden"}[15m])) > 0
+    labels: {severity: warning}
+    annotations:
+      summary: The extender may not requeue waiting pods.
+      description: 'The API server refused {{`{{ $value }}`}} requeue marks in 15 minutes (RBAC patch on pods, or an admission policy); waiting pods are retried only by kube-scheduler''s periodic flush.'
 - name: gpuplace-inventory
   rules:
   - alert: GpuplaceInventoryStale
