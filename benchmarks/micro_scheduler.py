@@ -3,8 +3,10 @@
 Cluster mode's cache (``ClusterCache``) over N generated nodes; per pod: ``filter`` on the next
 window of nodes (kube-scheduler's ``percentageOfNodesToScore`` sample, which starts where the
 previous search stopped), ``prioritize`` on the nodes that passed, then the pod is bound to the
-best node (a Pod watch event). Prints the mean time per pod and where it goes, to compare
-changes to the request path without a control plane's noise.
+best node (a Pod watch event). As in the extender's cluster mode, a requeue check
+(``requeue.Requeuer.due``; patches not sent) runs every 0.5 s of replay time on the same thread,
+unless ``--no-requeue``. Prints the mean time per pod and where it goes, to compare changes to the
+request path without a control plane's noise.
 
     python -m benchmarks.micro_scheduler --nodes 500 --pods 1000
 """
@@ -24,6 +26,7 @@ from node_agent.inventory import ANNOTATION
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.requeue import CHECK_INTERVAL_SECONDS, Requeuer
 from scheduler_extender.server import ExtenderService
 from scheduler_extender.sources import ClusterSource
 from scheduler_extender.wire import parse_extender_args
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pods", type=int, default=1000)
     p.add_argument("--percentage-of-nodes-to-score", type=int, default=0, metavar="PCT",
                    help="kube-scheduler's percentageOfNodesToScore (default 0: adaptive; the chart sets 100)")
+    p.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=True,
+                   help="remember refused pods and check them every 0.5 s, as the extender does by default "
+                        "(--requeue-rejected-pods; the patches are counted, not sent)")
     p.add_argument("--profile", action="store_true", help="print a pyinstrument call tree (bench extra)")
     args = p.parse_args(argv)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -58,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     cache.replace_pods([])
     cache.replace_namespaces([{"metadata": {"name": "bench"}}])
     service = ExtenderService(Engine(), ClusterSource(cache, default_catalog()))
+    requeued: list[str] = []
+    if args.requeue:
+        service.requeue = Requeuer(service, lambda ns, name, uid: requeued.append(uid) or "requeued")
     names = sorted(d["nodeName"] for d in docs)
     window = sample_size(len(names), args.percentage_of_nodes_to_score)
     pods = generate_pods(args.pods)
@@ -79,8 +88,12 @@ def main(argv: list[str] | None = None) -> None:
 
     def run() -> tuple[float, int]:
         start, bound = 0, 0
-        t = time.perf_counter()
+        t = checked = time.perf_counter()
         for pod in pods:
+            if service.requeue is not None and time.perf_counter() - checked >= CHECK_INTERVAL_SECONDS:
+                for r in service.requeue.due():
+                    service.requeue.requeue(r)
+                checked = time.perf_counter()
             sample = [names[(start + k) % len(names)] for k in range(window)]
             start = (start + window) % len(names)
             body = orjson.dumps({"Pod": pod, "NodeNames": sample})
@@ -105,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
         seconds, bound = run()
     print(f"{args.nodes} nodes, window {window}: {len(pods)} pods ({bound} bound) in {seconds:.2f} s = "
           f"{seconds / len(pods) * 1e3:.3f} ms per pod (filter + prioritize + bind event); garbage collector "
-          f"{gc_time[0] * 1e3:.0f} ms in {gc_time[1]} passes, {gc_time[2]} full")
+          f"{gc_time[0] * 1e3:.0f} ms in {gc_time[1]} passes, {gc_time[2]} full; requeue "
+          + (f"on: {len(service.requeue)} refused pods remembered, {len(requeued)} requeued"
+             if service.requeue is not None else "off"))
 
 
 if __name__ == "__main__":

@@ -142,16 +142,26 @@ class ClusterCache:
         ``CHANGE_LOG_SIZE`` changes ago): the reader must start over.
         """
         with self._lock:
-            if generation == self.generation:
-                return generation, set()
-            if generation < self._reset_at or not self._changes or self._changes[0][0] > generation + 1:
-                return None
-            names = set()
-            for g, name in reversed(self._changes):
-                if g <= generation:
-                    break
-                names.add(name)
-            return self.generation, names
+            latest = self._latest_changes(generation)
+            return None if latest is None else (self.generation, set(latest))
+
+    def latest_changes_since(self, generation: int) -> dict[str, int] | None:
+        """``changes_since`` with, per node, the generation of its latest change (a reader that
+        decided several things at different generations tells which changes each one missed)."""
+        with self._lock:
+            return self._latest_changes(generation)
+
+    def _latest_changes(self, generation: int) -> dict[str, int] | None:
+        if generation == self.generation:
+            return {}
+        if generation < self._reset_at or not self._changes or self._changes[0][0] > generation + 1:
+            return None
+        latest: dict[str, int] = {}
+        for g, name in reversed(self._changes):
+            if g <= generation:
+                break
+            latest.setdefault(name, g)
+        return latest
 
     # ---- readiness ---------------------------------------------------------------------------
     @property

@@ -167,18 +167,16 @@ class Requeuer:
 
     def due(self) -> list[Rejection]:
         """The remembered pods a node (not excluded) now passes for, each removed from memory; the
-        others are marked as decided at the current view. A pod whose check raises is logged and
-        kept (it is checked again at the next change). Reads only the service's view."""
+        others are marked as decided at the current view. Pods of one spec (a controller's
+        replicas) are decided together: once, on every node that changed since the oldest of their
+        answers; each pod then counts only the nodes that changed after its own answer. A pod whose
+        check raises is logged and kept (checked again at the next change). Reads only the
+        service's view."""
         service = self._service
         now = self._clock()
         generation = self.generation()
         engine = service.engine
-        all_names: list[str] | None = None
-        # (id of the decision job, generation it was last decided at) -> passing nodes: pods of one
-        # spec (a controller's replicas) are decided once
-        decided: dict[tuple[int, int], list[str]] = {}
-        jobs: list[Job] = []  # keeps the jobs alive while their ids key ``decided``
-        out: list[Rejection] = []
+        groups: dict[tuple[int, bool], tuple[Job, list[Rejection]]] = {}  # (id(decision job), everything)
         with self._lock:
             rejections = list(self._pods.values())
         for r in rejections:
@@ -193,40 +191,58 @@ class Requeuer:
                 h = self._history.get(r.uid)
             if h is not None and now < h.not_before:
                 continue  # keep its generation: the changes add up until the backoff is over
-            same_policy = r.engine_serial == engine.serial
-            since = r.generation
-            r.generation, r.engine_serial = generation, engine.serial  # a check that raises is not repeated
             try:
-                changes = service.source.changes_since(since) if same_policy else None  # type: ignore[attr-defined]
-                if changes is None:
-                    if all_names is None:
-                        all_names = sorted(service.source.node_names())
-                    names = all_names
-                else:
-                    names = sorted(changes[1])
                 job = decision_job(service.job_for(engine, r.pod))
-                jobs.append(job)
-                key = (id(job), since if changes is not None else -1)
-                if key not in decided:
-                    decided[key] = service.passing_nodes(engine, job, names) if names else []
-                triggers = frozenset(n for n in decided[key] if n not in r.excluded)
             except Exception:  # noqa: BLE001 - one pod's check must not stop the others'
                 log.exception("requeue check of pod %s/%s failed", r.namespace, r.name)
+                r.generation, r.engine_serial = generation, engine.serial  # not again before the next change
                 continue
-            if triggers:
-                with self._lock:
-                    self._pods.pop(r.uid, None)
-                    h = self._history.setdefault(r.uid, _History())
-                    self._history.move_to_end(r.uid)
-                    h.not_before = now + min(MAX_BACKOFF_SECONDS, 2.0 ** h.requeues)
-                    h.requeues += 1
-                    h.triggers = triggers
-                    while len(self._history) > self._max_pods:
-                        self._history.popitem(last=False)
-                out.append(r)
+            # a reload, or a failed patch (generation -1): every node counts as changed for the pod
+            everything = r.engine_serial != engine.serial or r.generation < 0
+            groups.setdefault((id(job), everything), (job, []))[1].append(r)
+        all_names: list[str] | None = None
+        out: list[Rejection] = []
+        for (_, everything), (job, group) in groups.items():
+            # changed node -> generation of its latest change; None: every node counts as changed
+            latest = None if everything else service.source.latest_changes_since(  # type: ignore[attr-defined]
+                min(r.generation for r in group))
+            if latest is None:
+                if all_names is None:
+                    all_names = sorted(service.source.node_names())
+                names = all_names
+            else:
+                names = sorted(latest)
+            since = [r.generation for r in group]
+            for r in group:
+                r.generation, r.engine_serial = generation, engine.serial  # a check that raises is not repeated
+            try:
+                passing = service.passing_nodes(engine, job, names) if names else []
+            except Exception:  # noqa: BLE001 - one spec's check must not stop the others'
+                log.exception("requeue check of pod %s/%s (and %d more of its spec) failed",
+                              group[0].namespace, group[0].name, len(group) - 1)
+                continue
+            for r, decided_at in zip(group, since):
+                # the nodes that pass and changed after this pod's answer (all after a reload)
+                triggers = frozenset(n for n in passing if n not in r.excluded
+                                     and (latest is None or latest[n] > decided_at))
+                if triggers:
+                    self._requeued(r, triggers, now)
+                    out.append(r)
         if self._metrics is not None:
             self._metrics.remembered.set(len(self._pods))
         return out
+
+    def _requeued(self, r: Rejection, triggers: frozenset[str], now: float) -> None:
+        """Forget ``r`` (it is being requeued) and start its backoff."""
+        with self._lock:
+            self._pods.pop(r.uid, None)
+            h = self._history.setdefault(r.uid, _History())
+            self._history.move_to_end(r.uid)
+            h.not_before = now + min(MAX_BACKOFF_SECONDS, 2.0 ** h.requeues)
+            h.requeues += 1
+            h.triggers = triggers
+            while len(self._history) > self._max_pods:
+                self._history.popitem(last=False)
 
     def _forget(self, uid: str, history_too: bool = False) -> None:
         with self._lock:

@@ -196,6 +196,9 @@ class ClusterSource:
     def changes_since(self, generation: int) -> tuple[int, set[str]] | None:
         return self.cache.changes_since(generation)
 
+    def latest_changes_since(self, generation: int) -> dict[str, int] | None:
+        return self.cache.latest_changes_since(generation)
+
     def ready(self) -> bool:
         return self.cache.synced
 

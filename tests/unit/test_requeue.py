@@ -332,3 +332,12 @@ def test_a_patch_that_fails_is_retried_after_the_backoff_a_refused_one_is_not():
     assert s.due_names() == []  # backoff: 1 s
     s.clock.t += 1
     assert s.due_names() == ["api-down"]
+
+
+def test_pods_of_one_spec_decided_together_count_only_the_changes_after_their_own_answer():
+    s = Setup()
+    s.filter(pod(name="early"))  # refused on both nodes
+    s.agree("gpu-4090-1")  # gpu-4090-1 passes from now on
+    s.filter(pod(name="late"), names=["gpu-4090-0"])  # kube-scheduler left gpu-4090-1 out for this one
+    s.cache.apply_node_event("MODIFIED", node("gpu-4090-0", 3))  # a later change that admits nothing
+    assert s.due_names() == ["early"]  # gpu-4090-1 changed after "early" was answered, not after "late"
