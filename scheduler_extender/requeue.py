@@ -13,7 +13,7 @@ the chart). Two cases leave a pod waiting for that flush although the extender w
   already over (``tests/e2e/test_inventory_trust.py``).
 * **Changes kube-scheduler never sees:** a policy reload (file or ConfigMap).
 
-So the extender remembers the pods for which it passed no node (:class:`RejectedPods`), re-decides
+So the extender remembers the pods for which it passed no node (:class:`Requeuer`), re-decides
 each one on the nodes that changed since its answer (the cache's change log), or on every node
 after a policy reload, and when a node now passes, patches the pod's :data:`REQUEUE_ANNOTATION`.
 An update of an unschedulable pod is an event for that pod (``PriorityQueue.Update`` in
@@ -110,10 +110,11 @@ def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
 class Requeuer:
     """Remembers rejected pods (``observe``, from ``/filter``) and finds the ones to requeue (``due``).
 
-    ``service``: the ``ExtenderService`` whose source has a change log (``generation`` and
-    ``changes_since``, as ``ClusterSource``). ``patch(namespace, name, uid)`` returns one of
-    :data:`RESULTS`. ``pending(uid)``: whether the pod still waits for a node (None: not known yet);
-    a pod that does not wait is not requeued, and forgotten after :data:`PENDING_GRACE_SECONDS`.
+    ``service``: the ``ExtenderService`` whose source has a change log (``generation``,
+    ``latest_changes_since`` and ``node_names``, as ``ClusterSource``). ``patch(namespace, name,
+    uid)`` returns one of :data:`RESULTS`. ``pending(uid)``: whether the pod still waits for a node
+    (None: not known yet); a pod that does not wait is not requeued, and forgotten after
+    :data:`PENDING_GRACE_SECONDS`.
     """
 
     def __init__(self, service: ExtenderService, patch: Callable[[str, str, str], str],
