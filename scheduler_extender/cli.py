@@ -17,6 +17,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.server import ExtenderService, create_app, create_health_app
+from scheduler_extender.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
 from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--tls-client-ca-file", metavar="FILE",
                      help="PEM CA bundle: require clients (kube-scheduler's tlsConfig certData/keyData) to present "
                           "a certificate it signed; without it any client may connect")
+    tls.add_argument("--tls-reload-seconds", type=float, default=RELOAD_INTERVAL_SECONDS, metavar="SECONDS",
+                     help="how often to check --tls-cert-file and --tls-key-file for a renewed certificate (a "
+                          "Secret volume updated by cert-manager); a changed pair is served to new connections, "
+                          "one that does not load is rejected and logged and the previous one kept. 0: read at "
+                          f"start only. The client CA is read at start only (default: {RELOAD_INTERVAL_SECONDS:g})")
     p.add_argument("--requeue-rejected-pods", action=argparse.BooleanOptionalAction, default=True,
                    help="cluster mode: when a node now passes for a pending pod this extender passed no node for "
                         "(its view caught up with a change kube-scheduler had already retried the pod on, or a "
@@ -203,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
         if args.watch_timeout_seconds < 1:
             raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
+        if args.tls_reload_seconds < 0:
+            raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
     except UsageError as e:
         print(f"gpuplace-extender: {e}", file=sys.stderr)
         return 2
@@ -277,8 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
-    servers = [uvicorn.Server(uvicorn.Config(create_app(service), host=args.host, port=args.port,
-                                             log_level="warning", access_log=False, **ssl_options))]
+    main_config = uvicorn.Config(create_app(service), host=args.host, port=args.port,
+                                 log_level="warning", access_log=False, **ssl_options)
+    if ssl_options and args.tls_reload_seconds > 0:
+        main_config.load()  # builds the SSLContext the server will use (Server.serve skips a loaded config)
+        reloader = CertificateReloader(args.tls_cert_file, args.tls_key_file, main_config.ssl, metrics.tls_reloads)
+        background.append(lambda: reloader.run(args.tls_reload_seconds))
+    servers = [uvicorn.Server(main_config)]
     if args.health_port:
         log.info("health and metrics also on http://%s:%d (/healthz, /readyz, /metrics)", args.host, args.health_port)
         servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host,

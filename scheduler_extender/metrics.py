@@ -52,6 +52,10 @@ class ExtenderMetrics:
         self.quality = PlacementQualityMetrics(r)
         self.policy = PolicyReloadMetrics(self.policy_reloads, r)
         self.requeue = RequeueMetrics(r)
+        self.tls_reloads = Counter(
+            "gpuplace_extender_tls_certificate_reloads_total",
+            "Renewed serving certificates (--tls-cert-file, --tls-key-file) by result: applied, or rejected "
+            "(the pair does not load; the previous one is still served).", ["result"], registry=r)
 
 
 # ---- additions for the Helm chart's dashboard and alerts (issue 4) ------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from tests.harness.controlplane import (
 from tests.harness.gpucluster import (
     ROOT, create_pods, gpu_pod_manifest, node_allocatable, start_extender, wait_placements,
 )
-from tests.harness.tls import ExtenderPKI, generate_extender_pki
+from tests.harness.tls import ExtenderPKI, generate_extender_pki, renew_server_certificate
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +76,7 @@ def test_kube_scheduler_places_and_rejects_through_the_extender_over_mutual_tls(
     health_port = free_port()
     ext = start_extender(cp.kubeconfig_path, cp.logs, ssl_context=_client_context(pki, with_cert=True),
                          extra_args=[*pki.extender_args(require_client_cert=True), "--log-level", "debug",
-                                     "--health-port", str(health_port)])
+                                     "--health-port", str(health_port), "--tls-reload-seconds", "0.2"])
     try:
         assert ext.url.startswith("https://")
         cp.add_scheduler(SchedulerSpec(name=SCHEDULER, extender=ExtenderSpec(
@@ -110,6 +111,17 @@ def test_kube_scheduler_places_and_rejects_through_the_extender_over_mutual_tls(
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(health + "/filter", data=b"{}", method="POST"), timeout=5)
         assert refused.value.code == 404
+
+        # cert-manager renews the serving certificate into the Secret: served without a restart,
+        # and kube-scheduler, which trusts the same CA, keeps placing pods through the extender
+        first = _served_certificate(ext.port)
+        renew_server_certificate(pki)
+        wait_for(lambda: _served_certificate(ext.port) == ssl.PEM_cert_to_DER_cert(pki.server_crt.read_text()), 20,
+                 interval=0.2, message="the renewed certificate was not served")
+        assert first != _served_certificate(ext.port)
+        assert 'gpuplace_extender_tls_certificate_reloads_total{result="applied"} 1.0' in ext.get("/metrics")[1]
+        create_pods(cp.api_client(), [gpu_pod_manifest("tls-after-renewal", 1, scheduler=SCHEDULER)])
+        assert wait_placements(cp.api_client(), ["tls-after-renewal"], timeout=60) == {"tls-after-renewal": NODE}
     finally:
         cp.stop_scheduler(SCHEDULER)
         ext.stop()
@@ -120,6 +132,14 @@ def test_kube_scheduler_places_and_rejects_through_the_extender_over_mutual_tls(
     extender_log = ext.log_path.read_text(errors="replace")
     assert "DEBUG" in extender_log, "the extender did not log at DEBUG; the check below would prove nothing"
     assert cp.admin_token not in extender_log, f"bearer token in {ext.log_path}"
+
+
+def _served_certificate(port: int) -> bytes:
+    """DER of the certificate the extender presents to a new connection (not verified: compared)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        return tls.getpeercert(binary_form=True)
 
 
 def test_the_agent_logs_no_token_at_debug_level(cp, agent_log):

@@ -29,6 +29,7 @@ class ExtenderPKI:
     server_key: Path
     client_crt: Path
     client_key: Path
+    ca_key: Path
 
     def extender_args(self, *, require_client_cert: bool = False) -> list[str]:
         """``gpuplace-extender`` options serving HTTPS with the server certificate."""
@@ -71,25 +72,33 @@ def _builder(subject: str, issuer: x509.Name, public_key: Any) -> x509.Certifica
 def generate_extender_pki(directory: Path) -> ExtenderPKI:
     """Write a CA, an extender serving certificate and a kube-scheduler client certificate."""
     directory.mkdir(parents=True, exist_ok=True)
-    pki = ExtenderPKI(*(directory / n for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")))
+    pki = ExtenderPKI(*(directory / n for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key",
+                                                 "ca.key")))
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuplace-extender-test-ca")])
     ca = (_builder("gpuplace-extender-test-ca", ca_name, ca_key.public_key())
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    pki.ca_crt.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-
-    srv_key = _key()
-    srv = (_builder("gpuplace-extender", ca_name, srv_key.public_key())
-           .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                       x509.DNSName("localhost")]), critical=False)
-           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-           .sign(ca_key, hashes.SHA256()))
-    _write(pki.server_crt, srv, srv_key, pki.server_key)
+    _write(pki.ca_crt, ca, ca_key, pki.ca_key)
+    renew_server_certificate(pki)
 
     cli_key = _key()
-    cli = (_builder("kube-scheduler", ca_name, cli_key.public_key())
+    cli = (_builder("kube-scheduler", ca.subject, cli_key.public_key())
            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
            .sign(ca_key, hashes.SHA256()))
     _write(pki.client_crt, cli, cli_key, pki.client_key)
     return pki
+
+
+def renew_server_certificate(pki: ExtenderPKI) -> None:
+    """Write a new extender serving certificate and key (new serial, new key) signed by the
+    PKI's CA over the old files, as cert-manager renews into the Secret."""
+    ca = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    srv_key = _key()
+    srv = (_builder("gpuplace-extender", ca.subject, srv_key.public_key())
+           .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                       x509.DNSName("localhost")]), critical=False)
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+           .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    _write(pki.server_crt, srv, srv_key, pki.server_key)
