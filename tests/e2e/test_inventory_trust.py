@@ -7,9 +7,9 @@ extender counts the node in gpuplace_extender_inventory_rejected_nodes. When all
 
 kube-scheduler and the extender both watch that Node. The test lets the pod's backoff run out
 first, so kube-scheduler retries the pod the moment it sees the change, often before the
-extender's watch has delivered it (about one run in two, measured on the 2-core machine before the
-requeue existed; the pod then waited for kube-scheduler's 5-minute flush). The extender's requeue
-(``requeue.py``) covers that race; the test prints which way it went.
+extender's watch has delivered it; without the extender's requeue (``requeue.py``) the pod then
+waited for kube-scheduler's 5-minute flush. The test prints which way each run went (`-s`):
+about half of our runs on the 2-core machine took the requeue path.
 """
 
 from __future__ import annotations
