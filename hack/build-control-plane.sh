@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build the real control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and Helm
-# from the Go module proxy, cached by version outside the repo.
+# Build the real control plane (kube-apiserver, kube-scheduler, kubectl, etcd), Helm, and the
+# parts of a real node (kubelet, kube-proxy, kube-controller-manager, CoreDNS) from the Go module
+# proxy, cached by version outside the repo.
 #
-#   hack/build-control-plane.sh            # build what is missing, print the bin dir
+#   hack/build-control-plane.sh            # control plane + Helm: build what is missing, print the bin dir
+#   hack/build-control-plane.sh node       # kubelet, kube-proxy, kube-controller-manager, CoreDNS
 #
 # Layout: $GPUPLACE_CACHE (default ~/.cache/gpuplace)/bin/k8s-<ver>/{kube-apiserver,...}
 # k8s.io/kubernetes is built the way kubernetes-sigs/scheduler-plugins consumes it: every
@@ -14,6 +16,7 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${GPUPLACE_CACHE:-$HOME/.cache/gpuplace}"
 BIN="$CACHE/bin"
 export GOFLAGS="-buildvcs=false -trimpath"
@@ -59,15 +62,29 @@ fresh() {
 # install_bin SRC DST: replace DST atomically (a running test may be executing the old one).
 install_bin() { mv -f "$1" "$2"; }
 
+# Commands of k8s.io/kubernetes this script builds: the control plane's and the node's.
+K8S_COMMANDS=(kube-apiserver kube-scheduler kubectl kubelet kube-proxy kube-controller-manager)
+
+# build_k8s COMMAND...: build those commands of k8s.io/kubernetes into $BIN/k8s-$K8S_VERSION.
+# Each binary's ldflags are recorded in .recipe-<name>, so adding commands rebuilds none of the others.
 build_k8s() {
   local out="$BIN/k8s-$K8S_VERSION"
-  local want=(kube-apiserver kube-scheduler kubectl)
   local flags; flags=$(k8s_ldflags)
-  fresh "$out" "$flags" "${want[@]}" && { log "k8s $K8S_VERSION cached in $out"; return; }
+  local want=() b
+  for b in "$@"; do
+    # .recipe is where earlier versions of this script recorded the flags of the first three.
+    [ -f "$out/.recipe-$b" ] || [ ! -f "$out/.recipe" ] || cp "$out/.recipe" "$out/.recipe-$b"
+    [ "$(cat "$out/.recipe-$b" 2>/dev/null)" = "$flags" ] && [ -x "$out/$b" ] || want+=("$b")
+  done
+  [ ${#want[@]} -eq 0 ] && { log "k8s $K8S_VERSION ($*) cached in $out"; return; }
   local mod="$CACHE/src/k8s-$K8S_VERSION"
   mkdir -p "$mod" "$out"
   local staging_minor="v0.${K8S_VERSION#v1.}"
-  if [ ! -f "$mod/go.sum" ]; then
+  # Every command built from this module is imported by tools.go, so that go.sum has what each
+  # needs; a module prepared by an older script (fewer commands) is tidied again.
+  local tools
+  tools=$(printf '//go:build tools\n\npackage tools\n\nimport (\n'; for c in "${K8S_COMMANDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done; printf ')\n')
+  if [ ! -f "$mod/go.sum" ] || [ "$(cat "$mod/tools.go" 2>/dev/null)" != "$tools" ]; then
     log "preparing module for k8s.io/kubernetes $K8S_VERSION (staging $staging_minor)"
     local gomod
     gomod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
@@ -82,25 +99,15 @@ build_k8s() {
       grep -E '^\s+k8s.io/[a-z0-9-]+ => ./staging/' "$gomod" | awk -v v="$staging_minor" '{print "\t" $1 " => " $1 " " v}'
       echo ")"
     } > "$mod/go.mod"
-    cat > "$mod/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+    echo "$tools" > "$mod/tools.go"
     (cd "$mod" && go mod tidy -e >/dev/null 2>&1 || true; cd "$mod" && go mod download)
   fi
   for b in "${want[@]}"; do
     log "building $b $K8S_VERSION (first build takes minutes on 2 cores; cached after)"
     (cd "$mod" && go build -ldflags "$flags" -o "$out/$b.new" "k8s.io/kubernetes/cmd/$b")
     install_bin "$out/$b.new" "$out/$b"
+    echo "$flags" > "$out/.recipe-$b"
   done
-  echo "$flags" > "$out/.recipe"
 }
 
 build_etcd() {
@@ -141,12 +148,25 @@ build_helm() {
   echo "$flags" > "$out/.recipe"
 }
 
+# CoreDNS, the cluster DNS of the end-to-end tests' real node (pods resolve Service names).
+build_coredns() {
+  local out="$BIN/coredns-$COREDNS_VERSION"
+  [ -x "$out/coredns" ] && { log "coredns $COREDNS_VERSION cached"; return; }
+  mkdir -p "$out"
+  log "building coredns $COREDNS_VERSION (about 5 minutes on 2 cores the first time)"
+  local tmp; tmp=$(mktemp -d)
+  GOBIN="$tmp" go install -ldflags "$LDFLAGS" "github.com/coredns/coredns@$COREDNS_VERSION"
+  install_bin "$tmp/coredns" "$out/coredns"
+  rmdir "$tmp"
+}
+
 what="${1:-all}"
 case "$what" in
-  k8s) build_k8s ;;
+  k8s) build_k8s kube-apiserver kube-scheduler kubectl ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd; build_k8s; build_helm ;;
-  *) echo "usage: $0 [all|k8s|etcd|helm]" >&2; exit 2 ;;
+  node) build_k8s kubelet kube-proxy kube-controller-manager; build_coredns ;;
+  all) build_etcd; build_k8s kube-apiserver kube-scheduler kubectl; build_helm ;;
+  *) echo "usage: $0 [all|k8s|etcd|helm|node]" >&2; exit 2 ;;
 esac
 echo "$BIN"

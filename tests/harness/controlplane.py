@@ -90,6 +90,9 @@ BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 
+#: ClusterIPs of Services (the "kubernetes" Service gets the first address, 10.0.0.1).
+SERVICE_CIDR = "10.0.0.0/24"
+
 #: Lines of a component's log quoted in start-failure exceptions.
 LOG_TAIL_LINES = 40
 
@@ -503,11 +506,13 @@ def _write_private_key(path: Path, key: rsa.RSAPrivateKey) -> None:
     path.chmod(0o600)
 
 
-def _generate_pki(pki: Path) -> dict[str, Path]:
+def _generate_pki(pki: Path, address: str = "127.0.0.1", *, kubelet_client: bool = False) -> dict[str, Path]:
     """A CA, an apiserver serving certificate it signs, and a service-account key pair.
 
-    The serving certificate covers 127.0.0.1, localhost and the in-cluster names/IP of the
-    ``kubernetes`` Service, so both the kubeconfig and (later) in-cluster clients verify it.
+    The serving certificate covers 127.0.0.1, ``address``, localhost and the in-cluster names/IP
+    of the ``kubernetes`` Service, so both the kubeconfig and in-cluster clients verify it. With
+    ``kubelet_client``, also the client certificate kube-apiserver presents to kubelets
+    (``O=system:masters``; a kubelet trusts the CA for x509 client authentication).
     """
     pki.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
@@ -537,7 +542,7 @@ def _generate_pki(pki: Path) -> dict[str, Path]:
 
     srv_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sans: list[x509.GeneralName] = [
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        *(x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(("127.0.0.1", address))),
         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
         x509.DNSName("localhost"),
         x509.DNSName("kubernetes"),
@@ -579,6 +584,25 @@ def _generate_pki(pki: Path) -> dict[str, Path]:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+    if kubelet_client:
+        client_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        client_cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                                     x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client")]))
+            .issuer_name(ca_name)
+            .public_key(client_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(until)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        paths["kubelet_client_crt"] = pki / "kubelet-client.crt"
+        paths["kubelet_client_key"] = pki / "kubelet-client.key"
+        paths["kubelet_client_crt"].write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
+        _write_private_key(paths["kubelet_client_key"], client_key)
     return paths
 
 
@@ -604,6 +628,14 @@ class ControlPlane:
     registered with :mod:`atexit`, and the object is a context manager.
 
     ``timings`` records how long each phase of ``start()`` took (seconds).
+
+    For a cluster with a real node (:mod:`tests.harness.realnode`), ``exec_prefix`` runs every
+    component inside the node's network and mount namespaces and ``address`` is the node's
+    address there (reachable from this process over a veth pair, and from pods); the ports are
+    then fixed ones, since nothing else listens in that namespace, and the apiserver runs the
+    ``ServiceAccount`` admission plugin and the ``kubernetes`` Service's endpoint reconciler
+    (a kube-controller-manager creates the ServiceAccounts, and pods reach the apiserver at
+    ``address`` through that Service).
     """
 
     workdir: Path
@@ -615,8 +647,14 @@ class ControlPlane:
     start_timeout: float = 120.0
     apiserver_extra_args: tuple[str, ...] = ()
     admin_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    address: str = "127.0.0.1"
+    exec_prefix: tuple[str, ...] = ()
+    #: More lines of the apiserver's static token file (``token,user,uid,"group,..."``).
+    extra_tokens: tuple[str, ...] = ()
 
     timings: dict[str, float] = field(default_factory=dict, init=False)
+    #: Paths of the generated certificates and keys (``ca_crt``, ``ca_key``, ``sa_key``, ...), once started.
+    pki: dict[str, Path] = field(default_factory=dict, init=False, repr=False)
     _etcd: _Component | None = field(default=None, init=False, repr=False)
     _apiserver: _Component | None = field(default=None, init=False, repr=False)
     _schedulers: dict[str, _SchedulerProcess] = field(default_factory=dict, init=False, repr=False)
@@ -624,6 +662,7 @@ class ControlPlane:
     _ca_path: Path | None = field(default=None, init=False, repr=False)
     _etcd_url: str | None = field(default=None, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
+    _last_fixed_port: int = field(default=20000, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -643,7 +682,26 @@ class ControlPlane:
     def api_url(self) -> str:
         if self._api_port is None:
             raise RuntimeError("control plane not started")
-        return f"https://127.0.0.1:{self._api_port}"
+        return f"https://{self.address}:{self._api_port}"
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA that signed the apiserver's serving certificate (and, with a real node, its kubelet client's)."""
+        if self._ca_path is None:
+            raise RuntimeError("control plane not started")
+        return self._ca_path
+
+    @property
+    def in_namespace(self) -> bool:
+        """Whether the components run in another network namespace (a real node's)."""
+        return bool(self.exec_prefix)
+
+    def _port(self) -> int:
+        """A port for a new listener: a free one on loopback, or the next fixed one in a private namespace."""
+        if not self.in_namespace:
+            return free_port(self.address)
+        self._last_fixed_port += 1
+        return self._last_fixed_port
 
     @property
     def logs(self) -> Path:
@@ -660,7 +718,7 @@ class ControlPlane:
 
     def scheduler_metrics_url(self, name: str) -> str:
         """Prometheus endpoint of a scheduler (self-signed TLS; no token needed)."""
-        return f"https://127.0.0.1:{self.scheduler_port(name)}/metrics"
+        return f"https://{self.address}:{self.scheduler_port(name)}/metrics"
 
     def scheduler_log(self, name: str) -> Path:
         return self._schedulers[name].component.log_path
@@ -689,7 +747,8 @@ class ControlPlane:
         atexit.register(self.stop)
         try:
             t = time.monotonic()
-            pki = _generate_pki(self.workdir / "pki")
+            pki = _generate_pki(self.workdir / "pki", self.address, kubelet_client=self.in_namespace)
+            self.pki = pki
             self._ca_path = pki["ca_crt"]
             self.timings["pki"] = time.monotonic() - t
 
@@ -805,14 +864,15 @@ class ControlPlane:
         cfg_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = cfg_dir / f"{spec.name}.yaml"
         cfg_path.write_text(yaml.safe_dump(spec.to_config(self.kubeconfig_path), sort_keys=False))
-        port = free_port()
+        port = self._port()
         comp = _Component(
             f"kube-scheduler[{spec.name}]",
             [
+                *self.exec_prefix,
                 str(self.binaries.kube_scheduler),
                 f"--config={cfg_path}",
                 f"--secure-port={port}",
-                "--bind-address=127.0.0.1",
+                f"--bind-address={self.address}",
                 f"--cert-dir={cfg_dir / (spec.name + '-certs')}",
                 # No delegated authn/authz (it needs the apiserver's client-CA and front-proxy
                 # CA bundles, and logs errors without them); instead health and metrics are
@@ -831,7 +891,7 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE
         try:
             comp.wait_healthy(
-                lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context=insecure),
+                lambda: _http_ok(f"https://{self.address}:{port}/healthz", context=insecure),
                 timeout or self.start_timeout,
             )
         except BaseException:
@@ -858,12 +918,13 @@ class ControlPlane:
 
     def _start_etcd(self) -> str:
         assert self.binaries is not None
-        client_port, peer_port = free_port(), free_port()
-        client_url = f"http://127.0.0.1:{client_port}"
+        client_port, peer_port = self._port(), self._port()
+        client_url = f"http://{self.address}:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._etcd = _Component(
             "etcd",
             [
+                *self.exec_prefix,
                 str(self.binaries.etcd),
                 "--name=gpuplace",
                 f"--data-dir={self.workdir / 'etcd-data'}",
@@ -887,19 +948,41 @@ class ControlPlane:
 
     def _start_apiserver(self, etcd_url: str, pki: Mapping[str, Path]) -> None:
         assert self.binaries is not None
-        self._api_port = port = free_port()
+        self._api_port = port = self._port()
         tokens = self.workdir / "tokens.csv"
         # Static token file: token,user,uid,"group1,group2"
-        tokens.write_text(f'{self.admin_token},admin,admin,"system:masters"\n')
+        tokens.write_text("".join(f"{line}\n" for line in (f'{self.admin_token},admin,admin,"system:masters"',
+                                                          *self.extra_tokens)))
         tokens.chmod(0o600)
+        if self.in_namespace:
+            # A real node: kube-controller-manager creates the ServiceAccounts, pods reach the
+            # apiserver through the "kubernetes" Service, and `kubectl logs` reaches the kubelet
+            # at its InternalIP with a client certificate the kubelet trusts.
+            node_args = [
+                "--disable-admission-plugins=TaintNodesByCondition",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={pki['kubelet_client_crt']}",
+                f"--kubelet-client-key={pki['kubelet_client_key']}",
+            ]
+        else:
+            node_args = [
+                # ServiceAccount: nobody creates the "default" ServiceAccount.
+                # TaintNodesByCondition: it taints every new Node not-ready:NoSchedule, and
+                # without a node-lifecycle controller that taint would never be removed.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # The "kubernetes" Service cannot have a loopback endpoint (validation rejects
+                # 127.0.0.1 and the reconciler logs an error every 10s); nothing needs it.
+                "--endpoint-reconciler-type=none",
+            ]
         self._apiserver = _Component(
             "kube-apiserver",
             [
+                *self.exec_prefix,
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={etcd_url}",
                 f"--secure-port={port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki['apiserver_crt']}",
                 f"--tls-private-key-file={pki['apiserver_key']}",
@@ -908,15 +991,9 @@ class ControlPlane:
                 f"--service-account-key-file={pki['sa_pub']}",
                 f"--service-account-signing-key-file={pki['sa_key']}",
                 "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                # ServiceAccount: nobody creates the "default" ServiceAccount.
-                # TaintNodesByCondition: it taints every new Node not-ready:NoSchedule, and
-                # without a node-lifecycle controller that taint would never be removed.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
-                # The "kubernetes" Service cannot have a loopback endpoint (validation rejects
-                # 127.0.0.1 and the reconciler logs an error every 10s); nothing needs it.
-                "--endpoint-reconciler-type=none",
+                *node_args,
                 *self.apiserver_extra_args,
             ],
             self.logs / "kube-apiserver.log",
