@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "deploy" / "helm" / "gpuplace" / "values.schema.json"
 
+from node_agent.inventory import json_schema as inventory_json_schema  # noqa: E402
 from scheduler_extender.core.policy import policy_json_schema  # noqa: E402
 
 
@@ -48,11 +49,33 @@ DURATION = s("a Go duration, e.g. 30s, 1m", pattern=r"^([0-9]+(\.[0-9]+)?(ms|s|m
 K8S_NAME = s(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", maxLength=63)
 PLACEMENT = {"nodeSelector": LABELS, "tolerations": ANY_LIST, "affinity": ANY_OBJECT,
              "priorityClassName": s("PriorityClass of the pods; empty for none")}
+SERVICE_ACCOUNT = obj({"create": {"type": "boolean"}, "name": {"anyOf": [s(maxLength=0), K8S_NAME]},
+                       "annotations": LABELS})
+EXTRA = {"extraArgs": {"type": "array", "items": s(minLength=1), "description": "arguments appended to the command line"},
+         "extraEnv": {"type": "array", "items": {"type": "object", "required": ["name"],
+                                                  "properties": {"name": s(minLength=1)}},
+                      "description": "Kubernetes EnvVar objects added to the container"}}
+
+
+def fake_inventory_schema(defs: dict[str, Any]) -> dict[str, Any]:
+    """The agent's NodeGPUInventory schema, less what the fake probe stamps itself (nodeName,
+    observedAt); its ``$defs`` join ``defs``. Empty is allowed here; templates/validations.yaml
+    refuses it, with a message saying what to put there, when the probe is fake."""
+    inv = inventory_json_schema()
+    inv_defs = inv.pop("$defs", {})
+    clash = set(inv_defs) & set(defs)
+    assert not clash, f"$defs of the inventory and the policy share names: {clash}"
+    defs.update(inv_defs)
+    inv["required"] = [k for k in inv.get("required", []) if k not in ("nodeName", "observedAt")]
+    inv["description"] = ("With agent.probe=fake: the NodeGPUInventory every agent publishes as its node's "
+                          "(nodeName and observedAt are set by the agent)")
+    return {"anyOf": [{"type": "object", "maxProperties": 0}, inv]}
 
 
 def values_schema() -> dict[str, Any]:
     policy = policy_json_schema()
     defs = policy.pop("$defs", {})
+    fake_inventory = fake_inventory_schema(defs)
     policy["description"] = "The placement policy (kind: PlacementPolicy); `gpuplace policy schema` prints it."
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -65,10 +88,16 @@ def values_schema() -> dict[str, Any]:
             "imagePullSecrets": {"type": "array", "items": obj({"name": s(minLength=1)}, ("name",))},
             "extender": obj({
                 "replicas": integer(1, "extender replicas"),
+                "serviceAccount": SERVICE_ACCOUNT,
+                "podDisruptionBudget": obj({
+                    "enabled": {"type": "boolean"},
+                    "minAvailable": {"anyOf": [integer(0), s(pattern=r"^[0-9]{1,3}%$")],
+                                     "description": "a number of extenders, or a percentage such as 50%"},
+                }),
                 "port": integer(1, maximum=65535),
                 "healthPort": integer(1, "plain-HTTP port of /healthz, /readyz, /metrics when TLS is on", maximum=65535),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
-                "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT,
+                "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT, **EXTRA,
                 "requeue": obj({"enabled": {"type": "boolean"},
                                 "admissionPolicy": obj({"enabled": {"type": "boolean"}})}),
                 "tls": obj({
@@ -98,6 +127,7 @@ def values_schema() -> dict[str, Any]:
                 "enabled": {"type": "boolean"},
                 "name": K8S_NAME,
                 "replicas": integer(1),
+                "serviceAccount": SERVICE_ACCOUNT,
                 "image": obj({"repository": s(minLength=1), "tag": s("default: the cluster's vMAJOR.MINOR.PATCH"),
                               "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
                 "leaderElection": obj({"enabled": {"type": "boolean"}}),
@@ -112,12 +142,14 @@ def values_schema() -> dict[str, Any]:
                     "nodeCacheCapable": {"type": "boolean"},
                     "managedResources": {"type": "array", "items": s(pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")},
                 }),
-                "resources": RESOURCES, **PLACEMENT,
+                "resources": RESOURCES, **PLACEMENT, **EXTRA,
             }),
             "agent": obj({
                 "enabled": {"type": "boolean"},
+                "serviceAccount": SERVICE_ACCOUNT,
                 "runtimeClassName": s(),
                 "probe": {"enum": ["nvml", "fake", "fake-nvml"]},
+                "fakeInventory": fake_inventory,
                 "migStrategy": {"enum": ["", "none", "single", "mixed"]},
                 "intervalSeconds": {"type": "number", "exclusiveMinimum": 0},
                 "metricsPort": integer(1, maximum=65535),
@@ -125,7 +157,7 @@ def values_schema() -> dict[str, Any]:
                 "podResources": obj({"enabled": {"type": "boolean"}}),
                 "admissionPolicy": obj({"enabled": {"type": "boolean"}}),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
-                "resources": RESOURCES, **PLACEMENT,
+                "resources": RESOURCES, **PLACEMENT, **EXTRA,
             }),
             "metrics": obj({
                 "serviceMonitor": obj({"enabled": {"type": "boolean"}, "interval": DURATION, "labels": LABELS}),

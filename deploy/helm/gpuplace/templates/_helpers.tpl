@@ -42,6 +42,22 @@ app.kubernetes.io/part-of: gpuplace
 {{- define "gpuplace.agent.name" -}}{{ include "gpuplace.fullname" . }}-agent{{- end }}
 {{- define "gpuplace.policy.name" -}}{{ include "gpuplace.fullname" . }}-policy{{- end }}
 
+{{/* ServiceAccount names: `<component>.serviceAccount.name`, default the component's resource name,
+     whether the chart creates the account or not (RBAC bindings and admission policies name it). */}}
+{{- define "gpuplace.extender.serviceAccountName" -}}
+{{- .Values.extender.serviceAccount.name | default (include "gpuplace.extender.name" .) }}
+{{- end }}
+{{- define "gpuplace.scheduler.serviceAccountName" -}}
+{{- .Values.scheduler.serviceAccount.name | default (include "gpuplace.scheduler.name" .) }}
+{{- end }}
+{{- define "gpuplace.agent.serviceAccountName" -}}
+{{- .Values.agent.serviceAccount.name | default (include "gpuplace.agent.name" .) }}
+{{- end }}
+
+{{/* Where the agent reads agent.fakeInventory (probe: fake), from the ConfigMap of that name. */}}
+{{- define "gpuplace.agent.fakeInventoryDir" -}}/etc/gpuplace/fake-inventory{{- end }}
+{{- define "gpuplace.agent.fakeInventoryConfigMap" -}}{{ include "gpuplace.agent.name" . }}-fake-inventory{{- end }}
+
 {{/* The URL kube-scheduler calls: the extender Service's cluster DNS name (https with extender.tls). */}}
 {{- define "gpuplace.extender.url" -}}
 {{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "gpuplace.extender.host" . }}:{{ .Values.extender.port }}
