@@ -10,7 +10,8 @@
   iptables rules and every mount a kubelet or containerd makes stay in there and vanish with them;
   this process reaches the apiserver at the node's address over the veth pair. The default paths
   stay default, so the chart's ``agent.podResourcesDir`` needs no change.
-* **the control plane** (:class:`~tests.harness.controlplane.ControlPlane` in those namespaces) and
+* **the control plane** (:class:`~tests.harness.controlplane.ControlPlane` in those namespaces, with
+  the default kube-scheduler) and
   **kube-controller-manager** (Deployments, DaemonSets, ServiceAccounts, EndpointSlices; no
   node-lifecycle controller, so fake nodes without a kubelet can join the same cluster);
 * **the node**: containerd and runc and the CNI plugins from Debian, kubelet (``cgroupfs``, under a
@@ -50,6 +51,7 @@ from tests.harness.controlplane import (
     REPO_ROOT,
     BinariesError,
     ControlPlane,
+    SchedulerSpec,
     _Component,
     wait_for,
 )
@@ -344,7 +346,9 @@ class RealCluster:
 
         node_token = secrets.token_hex(16)
         self.cp = cp = ControlPlane(
-            self.workdir / "cp", scheduler_configs=[], log_dir=self.logs, address=ns.address,
+            # The default scheduler places the chart's own pods; GPU pods name the chart's scheduler.
+            self.workdir / "cp", scheduler_configs=[SchedulerSpec("default-scheduler")], log_dir=self.logs,
+            address=ns.address,
             exec_prefix=ns.exec_prefix,
             extra_tokens=(f'{node_token},system:node:{self.node_name},node-{self.node_name},"system:nodes"',))
         cp.start()
