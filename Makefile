@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane node demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
@@ -16,6 +16,8 @@ help:
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
+	@echo "make node        the real node of the e2e tests: kubelet, kube-proxy, kube-controller-manager, CoreDNS"
+	@echo "                 (cached by version) and containerd, runc, CNI plugins from Debian (needs root)"
 	@echo "make bench       extender, kube-scheduler and cache benchmarks (3.5-6 min on 2 cores); see benchmarks/README.md"
 	@echo "make bench-smoke the same at tiny sizes: checks that they run (numbers meaningless)"
 	@echo "make bench-profile  pyinstrument profile of filter/prioritize at 5,000 nodes"
@@ -31,6 +33,10 @@ install: $(BIN)/.installed
 controlplane:
 	hack/build-control-plane.sh all
 
+node:
+	hack/install-node-packages.sh
+	hack/build-control-plane.sh node
+
 lint: install
 	$(BIN)/lint-imports
 
@@ -44,7 +50,7 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	GPUPLACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q tests/unit/test_fuzz.py
 
-test-e2e: install controlplane
+test-e2e: install controlplane node
 	$(BIN)/pytest -q -m e2e
 
 # Also part of `make test` (at a smaller size for the load test).
@@ -55,7 +61,7 @@ test-load: install controlplane
 	GPUPLACE_LOAD_NODES=$${GPUPLACE_LOAD_NODES:-500} GPUPLACE_LOAD_PODS=$${GPUPLACE_LOAD_PODS:-2000} \
 	GPUPLACE_LOAD_BURSTS=$${GPUPLACE_LOAD_BURSTS:-5} $(BIN)/pytest -q -m load
 
-test: install controlplane lint
+test: install controlplane node lint
 	PATH="$$(hack/install-promtool.sh):$$PATH" $(BIN)/pytest -q
 
 $(BIN)/.bench-installed: $(BIN)/.installed pyproject.toml

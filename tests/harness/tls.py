@@ -69,8 +69,9 @@ def _builder(subject: str, issuer: x509.Name, public_key: Any) -> x509.Certifica
             .not_valid_before(now).not_valid_after(now + dt.timedelta(days=30)))
 
 
-def generate_extender_pki(directory: Path) -> ExtenderPKI:
-    """Write a CA, an extender serving certificate and a kube-scheduler client certificate."""
+def generate_extender_pki(directory: Path, dns_names: tuple[str, ...] = ("localhost",)) -> ExtenderPKI:
+    """Write a CA, an extender serving certificate for 127.0.0.1 and ``dns_names``, and a kube-scheduler
+    client certificate."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = ExtenderPKI(*(directory / n for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key",
                                                  "ca.key")))
@@ -80,7 +81,7 @@ def generate_extender_pki(directory: Path) -> ExtenderPKI:
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
     _write(pki.ca_crt, ca, ca_key, pki.ca_key)
-    renew_server_certificate(pki)
+    renew_server_certificate(pki, dns_names)
 
     cli_key = _key()
     cli = (_builder("kube-scheduler", ca.subject, cli_key.public_key())
@@ -90,7 +91,7 @@ def generate_extender_pki(directory: Path) -> ExtenderPKI:
     return pki
 
 
-def renew_server_certificate(pki: ExtenderPKI) -> None:
+def renew_server_certificate(pki: ExtenderPKI, dns_names: tuple[str, ...] = ("localhost",)) -> None:
     """Write a new extender serving certificate and key (new serial, new key) signed by the
     PKI's CA over the old files, as cert-manager renews into the Secret."""
     ca = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes())
@@ -98,7 +99,7 @@ def renew_server_certificate(pki: ExtenderPKI) -> None:
     srv_key = _key()
     srv = (_builder("gpuplace-extender", ca.subject, srv_key.public_key())
            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                       x509.DNSName("localhost")]), critical=False)
+                                                       *(x509.DNSName(n) for n in dns_names)]), critical=False)
            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
     _write(pki.server_crt, srv, srv_key, pki.server_key)
