@@ -134,7 +134,8 @@ class NodeNamespace:
     def exec_prefix(self) -> tuple[str, ...]:
         """argv prefix that runs a command inside the node's network and mount namespaces."""
         assert self._holder is not None, "create() first"
-        return ("nsenter", f"--target={self._holder.pid}", "--mount", "--net", "--")
+        # --wd=.: keep the working directory Popen gave (entering a mount namespace resets it to /).
+        return ("nsenter", f"--target={self._holder.pid}", "--mount", "--net", "--wd=.", "--")
 
     def run(self, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run a command inside the node's namespaces; with ``check``, a failure raises RuntimeError."""
