@@ -116,7 +116,7 @@ copy_crds() {
     done
   done
   [ "$n" -gt 0 ] || { log "no CRDs in $src/$*"; rm -rf "$tmp"; return 1; }
-  chmod u+w "$tmp"/*
+  chmod 0644 "$tmp"/*; chmod 0755 "$tmp"
   rm -rf "$dest"; mkdir -p "$(dirname "$dest")"; mv "$tmp" "$dest"
   log "$n CRDs in $dest"
 }
