@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane node demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane node chart-tools demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
+	@echo "make chart-tools build ct and helm-unittest, fetch the CRDs the chart's tests apply (the tests do it too)"
 	@echo "make node        the real node of the e2e tests: kubelet, kube-proxy, kube-controller-manager, CoreDNS"
 	@echo "                 (cached by version) and containerd, runc, CNI plugins from Debian (needs root)"
 	@echo "make bench       extender, kube-scheduler and cache benchmarks (3.5-6 min on 2 cores); see benchmarks/README.md"
@@ -32,6 +33,9 @@ install: $(BIN)/.installed
 
 controlplane:
 	hack/build-control-plane.sh all
+
+chart-tools:
+	hack/install-chart-tools.sh all
 
 node:
 	hack/install-node-packages.sh
