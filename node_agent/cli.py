@@ -16,6 +16,7 @@ from node_agent.agent import Agent, Probe
 from node_agent.inventory import InventoryError, NodeGPUInventory
 from node_agent.metrics import InventorySnapshot, build_registry
 from node_agent.podresources import DEFAULT_SOCKET, PodResourcesClient
+from node_agent.version import add_version_argument
 
 log = logging.getLogger("gpuplace-agent")
 
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_argument(p)
     src = p.add_argument_group("what to read")
     src.add_argument("--probe", choices=["nvml", "fake", "fake-nvml"], default="nvml",
                      help="nvml: the real GPUs through the NVIDIA driver (default); fake: replay --fake-inventory; "

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
+from node_agent.version import add_version_argument
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
@@ -40,6 +41,7 @@ GET /debug/allocations (per node: GPUs free and held, and by which pods).
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuplace-extender", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_argument(p)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
     p.add_argument("--port", type=int, default=8888, help="port to listen on (default: 8888)")
     p.add_argument("--health-port", type=int, default=0, metavar="PORT",

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from node_agent.version import add_version_argument
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
@@ -155,6 +156,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuplace", description="gpuplace operator tools: explain placements, check policies.")
+    add_version_argument(p)
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("explain", help="why a pod goes where it goes: every node, reasons, score components, VRAM estimate")
     e.add_argument("pod", help="pod manifest (YAML/JSON), '-' for stdin")
