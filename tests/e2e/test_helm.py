@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from tests.harness.gpucluster import (
     ROOT, create_gpu_nodes, create_pods, load_pod_manifests, start_extender, wait_placements,
 )
 from tests.harness.helm import Helm, helm_control_plane, sa_kubeconfig
+from tests.harness.tls import generate_extender_pki
 
 pytestmark = pytest.mark.e2e
 
@@ -222,6 +224,55 @@ def test_example_pods_land_where_the_criteria_say_through_the_charts_configurati
     # leader election is on, with the chart's lease
     lease = k8s.CoordinationV1Api(api).read_namespaced_lease("gpuplace-scheduler", NS)
     assert lease.spec.holder_identity
+
+
+def _hook(helm: Helm, *sets: str) -> tuple[list[str], dict[str, str]]:
+    """The `helm test` Pod's command line and environment, as rendered."""
+    pod = yaml.safe_load(helm("template", RELEASE, str(CHART), "--namespace", NS, "--kube-version",
+                              K8S_VERSION.lstrip("v"), "--show-only", "templates/tests/test-extender.yaml", *sets).stdout)
+    container = pod["spec"]["containers"][0]
+    return [*container["command"], *container["args"]], {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def _run_hook(cmd: list[str], env: dict[str, str], hosts: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the hook's script here (no kubelet), each in-cluster host:port of ``hosts`` rewritten."""
+    argv = [sys.executable if a == "python3" else a for a in cmd]
+    for in_cluster, local in hosts.items():
+        argv = [a.replace(in_cluster, local) for a in argv]
+    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+
+
+def test_the_helm_test_pod_finds_the_extender_ready(helm_cp, chart_scheduler):
+    _, _, helm, _ = helm_cp
+    port = chart_scheduler["extender"].port
+    cmd, env = _hook(helm)
+    proc = _run_hook(cmd, env, {f"gpuplace-extender.{NS}.svc:8888": f"127.0.0.1:{port}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"http://127.0.0.1:{port}/readyz 200"), proc.stdout
+
+
+def test_the_helm_test_pod_verifies_the_extenders_certificate_with_tls(helm_cp, chart_scheduler, tmp_path):
+    """With TLS: the plain health port, then the HTTPS port against the CA the scheduler trusts;
+    a certificate from another CA fails the test."""
+    cp, _, helm, work = helm_cp
+    pki, other = generate_extender_pki(tmp_path / "pki"), generate_extender_pki(tmp_path / "other-pki")
+    health = free_port()
+    policy_arg = next(a for a in chart_scheduler["extender_args"] if a.startswith("--policy-configmap="))
+    ext = start_extender(work / "extender.kubeconfig", cp.logs, ssl_context=ssl.create_default_context(cafile=str(pki.ca_crt)),
+                         extra_args=[*pki.extender_args(require_client_cert=False), "--health-port", str(health), policy_arg])
+    try:
+        cmd, env = _hook(helm, "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=gpuplace-extender-tls")
+        assert env == {"CA_FILE": "/etc/gpuplace/extender-ca/ca.crt"}  # the Secret's ca.crt, mounted alone
+        hosts = {f"gpuplace-extender.{NS}.svc:8888": f"localhost:{ext.port}",
+                 f"gpuplace-extender.{NS}.svc:8889": f"localhost:{health}"}
+        proc = _run_hook(cmd, {"CA_FILE": str(pki.ca_crt)}, hosts)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.splitlines() == [f"http://localhost:{health}/readyz 200 ok",
+                                            f"https://localhost:{ext.port}/readyz 200 ok"], proc.stdout
+        proc = _run_hook(cmd, {"CA_FILE": str(other.ca_crt), "READYZ_TIMEOUT_SECONDS": "1"}, hosts)
+        assert proc.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in proc.stderr, proc.stdout + proc.stderr
+    finally:
+        ext.stop()
 
 
 def _lora(name: str) -> dict:
