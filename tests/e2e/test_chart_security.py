@@ -426,20 +426,23 @@ WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob")
 
 
 def _containers(doc: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    spec = doc["spec"]["template"]["spec"]
+    spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
     return spec, [*spec.get("initContainers", []), *spec["containers"]]
 
 
 @pytest.mark.parametrize("pod_resources", [True, False])
 def test_every_container_of_the_chart_is_locked_down(chart, pod_resources):
     """Read-only root filesystem, no privilege escalation, no capabilities, RuntimeDefault seccomp and a
-    non-root user in every container; the one exception is the agent reading the kubelet's root-only
-    PodResources socket (agent.podResources.enabled), which runs as UID 0 with nothing else."""
+    non-root user in every container (the `helm test` Pod's too); the one exception is the agent reading
+    the kubelet's root-only PodResources socket (agent.podResources.enabled), which runs as UID 0 with
+    nothing else. With the fake probe, so that its inventory mount is checked too."""
     docs = _render(chart["helm"], "--set", f"agent.podResources.enabled={str(pod_resources).lower()}",
-                   "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=s")
-    workloads = [d for d in docs if d["kind"] in WORKLOADS]
+                   "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=s",
+                   "-f", str(CHART / "tests" / "values" / "fake-probe.yaml"))
+    workloads = [d for d in docs if d["kind"] in (*WORKLOADS, "Pod")]
     assert {(d["kind"], d["metadata"]["name"]) for d in workloads} == {
-        ("Deployment", "gpuplace-extender"), ("Deployment", "gpuplace-scheduler"), ("DaemonSet", "gpuplace-agent")}
+        ("Deployment", "gpuplace-extender"), ("Deployment", "gpuplace-scheduler"), ("DaemonSet", "gpuplace-agent"),
+        ("Pod", "gpuplace-test-extender")}
     for doc in workloads:
         pod, containers = _containers(doc)
         for c in containers:
@@ -462,6 +465,9 @@ def test_every_container_of_the_chart_is_locked_down(chart, pod_resources):
         assert not pod.get("hostNetwork") and not pod.get("hostPID"), doc["metadata"]["name"]
     ds = next(d for d in workloads if d["kind"] == "DaemonSet")
     assert any(v["name"] == "pod-resources" for v in ds["spec"]["template"]["spec"]["volumes"]) is pod_resources
+    assert any(v["name"] == "fake-inventory" for v in ds["spec"]["template"]["spec"]["volumes"])
+    hook = next(d for d in workloads if d["kind"] == "Pod")
+    assert hook["spec"]["automountServiceAccountToken"] is False  # no API token in the test Pod
 
 
 def test_the_admission_policies_are_on_by_default_can_be_switched_off_and_need_kubernetes_1_30(chart):
@@ -509,3 +515,48 @@ def test_own_scheduler_mode_with_tls_prints_an_https_extenders_snippet_and_where
     ext = snippet["extenders"][0]
     assert ext["urlPrefix"] == f"https://own-gpuplace-extender.{NS}.svc:8888" and ext["enableHTTPS"] is True
     assert f"kubectl -n {NS} get secret ext-tls -o jsonpath='{{.data.ca\\.crt}}' | base64 -d" in notes
+
+
+def test_renamed_service_accounts_keep_their_rbac_and_admission_policies(chart, tmp_path):
+    """serviceAccount.name: the bindings and both admission policies follow the new names on the real
+    API server. A second release, in a namespace of its own, with the agent's and the extender's
+    ServiceAccounts renamed: the agent's Pod-bound token publishes on its own Node and is refused
+    another; the extender's token lists Nodes and may not change a pod beyond its requeue mark."""
+    cp, api, helm = chart["cp"], chart["api"], chart["helm"]
+    ns, release = "gpuplace-renamed", "renamed"
+    core = k8s.CoreV1Api(api)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
+    helm("install", release, str(CHART), "--namespace", ns, "--set", "scheduler.enabled=false",
+         "--set", "agent.serviceAccount.name=node-agent", "--set", "extender.serviceAccount.name=gpu-extender")
+    try:
+        sas = {sa.metadata.name for sa in core.list_namespaced_service_account(ns).items}
+        assert {"node-agent", "gpu-extender"} <= sas and not {"renamed-gpuplace-agent", "renamed-gpuplace-extender"} & sas
+        ds = k8s.AppsV1Api(api).read_namespaced_daemon_set("renamed-gpuplace-agent", ns)
+        assert ds.spec.template.spec.service_account_name == "node-agent"
+        pod = core.create_namespaced_pod(ns, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"node-agent-{OWN_NODE}", "labels": ds.spec.template.metadata.labels},
+            "spec": {**api.sanitize_for_serialization(ds.spec.template.spec), "nodeName": OWN_NODE}})
+        agent_kc = sa_kubeconfig(cp, api, ns, "node-agent", tmp_path / "node-agent.kubeconfig", bound_pod=pod)
+        proc = _run_agent(agent_kc, _inventory_for(OWN_NODE, tmp_path), OWN_NODE)
+        assert proc.returncode == 0, proc.stderr[-2000:]  # RBAC: the ClusterRoleBinding names node-agent
+        proc = _run_agent(agent_kc, _inventory_for(OTHER_NODE, tmp_path), OTHER_NODE, timeout_s=3)
+        assert proc.returncode == 1 and "ValidatingAdmissionPolicy 'renamed-gpuplace-agent-node-patch'" in proc.stderr \
+            and f"agent on node {OWN_NODE} may patch only Node" in proc.stderr, proc.stderr[-2000:]  # the policy matches node-agent
+
+        ext_kc = sa_kubeconfig(cp, api, ns, "gpu-extender", tmp_path / "gpu-extender.kubeconfig")
+        ext_client = k8s_config.new_client_from_config(config_file=str(ext_kc))
+        try:
+            ext = k8s.CoreV1Api(ext_client)
+            assert {OWN_NODE, OTHER_NODE} <= {n.metadata.name for n in ext.list_node().items}
+            core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waiting"},
+                                            "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+            message = _forbidden(lambda: ext.patch_namespaced_pod("waiting", ns, {"metadata": {"labels": {"x": "y"}}}),
+                                 "a label patch by the renamed extender")
+            assert "ValidatingAdmissionPolicy 'renamed-gpuplace-extender-pod-requeue'" in message, message
+            ext.patch_namespaced_pod("waiting", ns, {"metadata": {"annotations": {
+                "extender.gpuplace.io/requeued-at": "2026-01-01T00:00:00Z"}}})  # its one allowed change
+        finally:
+            ext_client.close()
+    finally:
+        helm("uninstall", release, "--namespace", ns)
