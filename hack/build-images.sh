@@ -45,8 +45,8 @@ EXTRAS="podresources"
 # Bump a recipe when the way an image is built changes, so that cached tarballs are not reused.
 BASE_RECIPE=1
 GPUPLACE_RECIPE=1
-SCHEDULER_RECIPE=1
-PAUSE_RECIPE=1
+SCHEDULER_RECIPE=2
+PAUSE_RECIPE=2
 
 # The image's user: distroless' "nonroot", as the chart's securityContext runs it.
 NONROOT_UID=65532
@@ -367,7 +367,7 @@ PY
 # Files every small image carries: users root and nonroot, and hosts lookups in /etc/hosts first.
 minimal_etc() {
   local dir="$1"
-  install -d -m 0755 "$dir/etc"
+  install -d -m 0755 "$dir" "$dir/etc"
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
     "$NONROOT_UID" "$NONROOT_UID" > "$dir/etc/passwd"
   printf 'root:x:0:\nnonroot:x:%s:\n' "$NONROOT_UID" > "$dir/etc/group"
@@ -398,7 +398,7 @@ build_scheduler() {
   local dir="$WORK/scheduler"
   minimal_etc "$dir"
   install -D -m 0755 "$bin" "$dir/usr/local/bin/kube-scheduler"
-  layer_tar "$dir" "$WORK/scheduler.tar" "$epoch" ./etc ./tmp ./usr
+  layer_tar "$dir" "$WORK/scheduler.tar" "$epoch" .
   pack kube-scheduler "$ref" "$out" "$epoch" \
     --config.user "$NONROOT_UID:$NONROOT_UID" \
     --config.env PATH=/usr/local/bin:/usr/bin:/bin \
@@ -424,7 +424,7 @@ build_pause() {
   fi
   [ -f "$src" ] || die "no $src"
   local dir="$WORK/pause"
-  mkdir -p "$dir"
+  install -d -m 0755 "$dir"
   # As Kubernetes' build/pause/Makefile does (VERSION there is v$(TAG)-$(git describe)).
   gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-$K8S_VERSION" -o "$dir/pause" "$src"
   strip "$dir/pause"
@@ -438,7 +438,7 @@ build_pause() {
     echo "$ref $out"
     return
   fi
-  layer_tar "$dir" "$WORK/pause.tar" "$epoch" ./pause
+  layer_tar "$dir" "$WORK/pause.tar" "$epoch" .
   pack pause "$ref" "$out" "$epoch" \
     --config.user 65535:65535 \
     --config.entrypoint /pause \

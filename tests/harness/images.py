@@ -239,6 +239,7 @@ def unpack(path: Path, rootfs: Path) -> Archive:
     """
     archive = read_archive(path)
     rootfs.mkdir(parents=True, exist_ok=True)
+    rootfs.chmod(0o755)  # as a runtime's snapshot; a layer's "./" entry sets it otherwise
     with tarfile.open(path) as outer:
         for layer in archive.layers:
             with tarfile.open(fileobj=_member(outer, layer)) as tar:
