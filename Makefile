@@ -5,17 +5,18 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane node chart-tools demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane images node chart-tools demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
-	@echo "make test-unit   fast tests only (no control plane)"
+	@echo "make test-unit   fast tests only (no control plane, no images)"
 	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
 	@echo "make test-faults fault injection on the real control plane; prints time to converge per fault"
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
 	@echo "make controlplane  build kube-apiserver, kube-scheduler, kubectl, etcd, helm (cached by version)"
+	@echo "make images      build the gpuplace, kube-scheduler and pause images offline (hack/build-images.sh; root)"
 	@echo "make chart-tools build ct and helm-unittest, fetch the CRDs the chart's tests apply (the tests do it too)"
 	@echo "make node        the real node of the e2e tests: kubelet, kube-proxy, kube-controller-manager, CoreDNS"
 	@echo "                 (cached by version) and containerd, runc, CNI plugins from Debian (needs root)"
@@ -34,6 +35,9 @@ install: $(BIN)/.installed
 controlplane:
 	hack/build-control-plane.sh all
 
+images:
+	hack/build-images.sh all
+
 chart-tools:
 	hack/install-chart-tools.sh all
 
@@ -48,7 +52,7 @@ demo: install controlplane
 	$(BIN)/python -m examples.demo $(ARGS)
 
 test-unit: install
-	$(BIN)/pytest -q -m "not e2e"
+	$(BIN)/pytest -q -m "not e2e and not images"
 
 FUZZ_EXAMPLES ?= 5000
 fuzz: install
