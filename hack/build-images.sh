@@ -44,7 +44,7 @@ REGISTRY=gpuplace.local
 EXTRAS="podresources"
 # Bump a recipe when the way an image is built changes, so that cached tarballs are not reused.
 BASE_RECIPE=1
-GPUPLACE_RECIPE=1
+GPUPLACE_RECIPE=2
 SCHEDULER_RECIPE=2
 PAUSE_RECIPE=2
 
@@ -238,7 +238,11 @@ build_wheel() {
     tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - "$p" | tar -C "$src" -xf -
   done
   log "building the gpuplace wheel from $ROOT"
-  "$PYTHON" -m pip wheel --quiet --no-deps --disable-pip-version-check -w "$dist" "$src" >&2
+  # Zip timestamps from SOURCE_DATE_EPOCH (zip cannot store times before 1980).
+  local epoch; epoch=$(source_epoch)
+  [ "$epoch" -ge 315532800 ] || epoch=315532800
+  SOURCE_DATE_EPOCH="$epoch" "$PYTHON" -m pip wheel --quiet --no-deps --disable-pip-version-check \
+    -w "$dist" "$src" >&2
   WHEEL=$(ls "$dist"/gpuplace-*.whl)
 }
 
@@ -319,13 +323,15 @@ build_gpuplace() {
   tar -C "$rootfs" --numeric-owner -xpf "$BASE_TAR"
   local run_in=(chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8)
   "${run_in[@]}" /usr/bin/python3 -m venv --without-pip "$VENV"
-  mkdir -p "$rootfs/tmp/install"
-  cp "$wheels"/*.whl "$pip_whl" "$rootfs/tmp/install/"
+  # /wheels and /pip, as in the Dockerfile: the wheel's path is recorded in its direct_url.json.
+  mkdir -p "$rootfs/wheels" "$rootfs/pip"
+  cp "$wheels"/*.whl "$rootfs/wheels/"
+  cp "$pip_whl" "$rootfs/pip/"
   log "installing $wheel_name[$EXTRAS] into $VENV"
-  "${run_in[@]}" "$VENV/bin/python" "/tmp/install/$(basename "$pip_whl")/pip" install \
-    --quiet --no-index --find-links /tmp/install --no-cache-dir --no-compile \
-    --disable-pip-version-check --no-warn-script-location "/tmp/install/$wheel_name[$EXTRAS]" >&2
-  rm -rf "$rootfs/tmp/install"
+  "${run_in[@]}" "$VENV/bin/python" "/pip/$(basename "$pip_whl")/pip" install \
+    --quiet --no-index --find-links /wheels --no-cache-dir --no-compile \
+    --disable-pip-version-check --no-warn-script-location "/wheels/$wheel_name[$EXTRAS]" >&2
+  rm -rf "$rootfs/wheels" "$rootfs/pip"
   # Bytecode for every module, checked against the source's hash rather than its mtime, so that
   # a read-only root filesystem needs no writes whatever the layers' mtimes. -q -q: a few
   # non-module .py files in packages do not compile; they are never imported.
