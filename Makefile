@@ -5,12 +5,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane images node chart-tools demo test test-unit test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane images node chart-tools demo test test-unit test-minimums test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
 	@echo "make test-unit   fast tests only (no control plane, no images)"
+	@echo "make test-minimums  the unit tests against the oldest dependency versions pyproject.toml allows"
+	@echo "                 (constraints/minimums.txt, in $(VENV_MIN)/)"
 	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
 	@echo "make test-faults fault injection on the real control plane; prints time to converge per fault"
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
@@ -54,6 +56,18 @@ demo: install controlplane
 test-unit: install
 	$(BIN)/pytest -q -m "not e2e and not images"
 
+# Every direct dependency (runtime and the test extra) at its declared floor, Python wheels only, in
+# a venv of its own: the floors in pyproject.toml are the ones this passes with (README "Dependencies").
+VENV_MIN ?= .venv-minimums
+test-minimums:
+	rm -rf $(VENV_MIN)
+	$(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/pip install -q --upgrade pip
+	$(VENV_MIN)/bin/pip install -q --only-binary=:all: -c constraints/minimums.txt -e '.[test]'
+	$(VENV_MIN)/bin/pip check
+	$(VENV_MIN)/bin/lint-imports
+	PATH="$$(hack/install-promtool.sh):$$PATH" $(VENV_MIN)/bin/pytest -q -p no:cacheprovider -m "not e2e and not images and not install"
+
 FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	GPUPLACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q tests/unit/test_fuzz.py
@@ -86,4 +100,4 @@ bench-profile: $(BIN)/.bench-installed
 	$(BIN)/python -m benchmarks.profile_extender $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .demo
+	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .demo

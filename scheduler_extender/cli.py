@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _loop_factory() -> Any:
-    """uvloop's event loop where it is installed (``uvicorn[standard]`` brings it on Linux), as
+    """uvloop's event loop where it is installed (a dependency on CPython outside Windows), as
     ``uvicorn.run`` picks it; asyncio's own otherwise. Our servers run under one loop of our own
     (two ports), so the choice uvicorn would make for one server is made here."""
     try:
