@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -74,7 +73,7 @@ class Images:
     gpuplace: Image | None = None
     scheduler: Image | None = None
     pause: Image | None = None
-    #: Seconds the script took (building, or finding everything cached).
+    #: Seconds the wheel and the script took (building, or finding everything cached).
     seconds: float = 0.0
 
     def all(self) -> tuple[Image, ...]:
@@ -99,16 +98,18 @@ class Images:
         return self.scheduler.ref
 
 
-def _wheel_from_artifacts(out_dir: Path) -> Path | None:
-    """The test suite's own wheel (``tests.harness.artifacts.build_wheel``), when it has one."""
+def _wheel_from_artifacts() -> Path | None:
+    """The test suite's own wheel (``tests.harness.artifacts.build_wheel``, cached by the content of
+    its sources under ``$GPUPLACE_CACHE/wheels``), when the harness has one."""
     try:
         artifacts = importlib.import_module("tests.harness.artifacts")
     except ImportError:
         return None
     build_wheel = getattr(artifacts, "build_wheel", None)
-    if build_wheel is None:
+    cache_dir = getattr(artifacts, "cache_dir", None)
+    if build_wheel is None or cache_dir is None:
         return None
-    return Path(build_wheel(out_dir))
+    return Path(build_wheel(Path(cache_dir()) / "wheels"))
 
 
 def ensure_images(
@@ -124,40 +125,39 @@ def ensure_images(
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
         raise ValueError(f"unknown images {unknown}; known: {NAMES}")
-    with tempfile.TemporaryDirectory(prefix="gpuplace-wheel-") as tmp:
-        if wheel is None and not os.environ.get("GPUPLACE_WHEEL") and "gpuplace" in names:
-            wheel = _wheel_from_artifacts(Path(tmp))
-        argv = ["bash", str(BUILD_SCRIPT), *names]
-        if wheel is not None:
-            argv += ["--wheel", str(wheel)]
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=REPO_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-            )
-        except OSError as exc:
-            raise ImagesError(f"cannot run {BUILD_SCRIPT}: {exc}") from exc
-        assert proc.stdout is not None and proc.stderr is not None
-        err_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    t0 = time.monotonic()
+    if wheel is None and not os.environ.get("GPUPLACE_WHEEL") and "gpuplace" in names:
+        wheel = _wheel_from_artifacts()
+    argv = ["bash", str(BUILD_SCRIPT), *names]
+    if wheel is not None:
+        argv += ["--wheel", str(wheel)]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        raise ImagesError(f"cannot run {BUILD_SCRIPT}: {exc}") from exc
+    assert proc.stdout is not None and proc.stderr is not None
+    err_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
 
-        def pump_stderr(stream: IO[str]) -> None:
-            for line in stream:
-                err_tail.append(line)
-                if echo:
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
+    def pump_stderr(stream: IO[str]) -> None:
+        for line in stream:
+            err_tail.append(line)
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
-        pump = threading.Thread(target=pump_stderr, args=(proc.stderr,), daemon=True)
-        pump.start()
-        stdout = proc.stdout.read()
-        rc = proc.wait()
-        pump.join(timeout=5)
-        seconds = time.monotonic() - t0
+    pump = threading.Thread(target=pump_stderr, args=(proc.stderr,), daemon=True)
+    pump.start()
+    stdout = proc.stdout.read()
+    rc = proc.wait()
+    pump.join(timeout=5)
+    seconds = time.monotonic() - t0
     if rc != 0:
         raise ImagesError(
             f"{BUILD_SCRIPT} {' '.join(names)} failed with exit status {rc}; "

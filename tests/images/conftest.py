@@ -39,7 +39,7 @@ def images() -> Images:
     skip_if_e2e_disabled()
     built = ensure_images()
     sizes = ", ".join(f"{i.ref} {i.path.stat().st_size / 2**20:.0f} MiB" for i in built.all())
-    note(f"images: hack/build-images.sh took {built.seconds:.1f}s (built or found cached): {sizes}")
+    note(f"images: ready in {built.seconds:.1f}s (wheel + hack/build-images.sh; built or found cached): {sizes}")
     return built
 
 

@@ -100,8 +100,7 @@ def test_dockerfile_final_stage_is_the_image_config(gpuplace_image: Unpacked) ->
 
 def test_gpuplace_image_config(images: Images, gpuplace_image: Unpacked) -> None:
     archive = gpuplace_image.archive
-    version = PYPROJECT["project"]["version"]
-    assert images.gpuplace_ref == f"gpuplace.local/gpuplace:{version}"
+    assert images.gpuplace_ref == f"gpuplace.local/gpuplace:{VERSION}"
     assert archive.repo_tags == [images.gpuplace_ref]
     assert archive.runtime["User"] == NONROOT
     env = archive.env
@@ -204,11 +203,13 @@ POD = REPO_ROOT / "examples" / "pods" / "03-llm-13b-inference.yaml"
 CLUSTER = REPO_ROOT / "examples" / "cluster"
 IMPORTS = "import scheduler_extender.core, node_agent.podresources, simulator, grpc"
 
+VERSION = PYPROJECT["project"]["version"]
+
 # (command, what its output must contain)
 COMMANDS: dict[str, tuple[list[str], str]] = {
-    "extender": (["gpuplace-extender", "--help"], "usage: gpuplace-extender"),
-    "agent": (["gpuplace-agent", "--help"], "usage: gpuplace-agent"),
-    "cli": (["gpuplace", "--help"], "usage: gpuplace"),
+    "extender": (["gpuplace-extender", "--version"], f"gpuplace-extender {VERSION}\n"),
+    "agent": (["gpuplace-agent", "--version"], f"gpuplace-agent {VERSION}\n"),
+    "cli": (["gpuplace", "--version"], f"gpuplace {VERSION}\n"),
     "explain": (["gpuplace", "explain", "/tmp/pod.yaml", "--inventory-dir", "/tmp/cluster"],
                 "best nodes:"),
     "imports": (["python3", "-c", f"{IMPORTS}; import os, sys; "
@@ -255,7 +256,7 @@ def test_needs_no_write_at_start_up(gpuplace_image: Unpacked) -> None:
 
     # Control: the same check sees a .pyc that Python had to write.
     pyc = f"{SITE}/scheduler_extender/__pycache__/cli.cpython-311.pyc"
-    control = _run(gpuplace_image, ["/bin/sh", "-c", f"rm {pyc} && gpuplace-extender --help >/dev/null"],
+    control = _run(gpuplace_image, ["/bin/sh", "-c", f"rm {pyc} && gpuplace-extender --version >/dev/null"],
                    mode="overlay", user="0:0", env=env).check("control")
     assert f"f {pyc.lstrip('/')}" in control.written, control.written
 
