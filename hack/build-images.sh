@@ -23,8 +23,12 @@
 # libc6-dev, which it installs with apt-get when missing. Network: Debian's mirror (the base root
 # filesystem, built once per recipe and cached), PyPI (the wheels of gpuplace's dependencies) and
 # the Go module proxy (pause.c, kube-scheduler) -- only for what is not cached yet.
-# Times are in the file's mtimes as SOURCE_DATE_EPOCH when set, else the last commit of the
-# Python sources (gpuplace) or 0 (kube-scheduler, pause).
+#
+# Reproducible: the layers' file times are clamped to SOURCE_DATE_EPOCH when set, else to the
+# last commit of the wheel's sources (gpuplace) or 0 (kube-scheduler, pause), names are sorted,
+# owners numeric, bytecode hash-based; rebuilding with the same base root filesystem and the same
+# dependency versions gives the same tarball. Next to each gpuplace tarball, NAME.contents lists its
+# Debian packages and Python distributions. The cache keeps the 3 newest tarballs of each image.
 set -euo pipefail
 umask 022
 
