@@ -5,12 +5,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane images node chart-tools demo test test-unit test-minimums test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane images node chart-tools demo test test-unit test-install test-minimums test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
-	@echo "make test-unit   fast tests only (no control plane, no images)"
+	@echo "make test-unit   fast tests only (no control plane, no images, no wheel install)"
+	@echo "make test-install  build the wheel, pip install it in a fresh venv outside the tree, run its commands"
 	@echo "make test-minimums  the unit tests against the oldest dependency versions pyproject.toml allows"
 	@echo "                 (constraints/minimums.txt, in $(VENV_MIN)/)"
 	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
@@ -54,7 +55,11 @@ demo: install controlplane
 	$(BIN)/python -m examples.demo $(ARGS)
 
 test-unit: install
-	$(BIN)/pytest -q -m "not e2e and not images"
+	$(BIN)/pytest -q -m "not e2e and not images and not install"
+
+# Also part of `make test`.
+test-install: install
+	$(BIN)/pytest -q -m install
 
 # Every direct dependency (runtime and the test extra) at its declared floor, Python wheels only, in
 # a venv of its own: the floors in pyproject.toml are the ones this passes with (README "Dependencies").

@@ -1,0 +1,194 @@
+"""The wheel users install works: built from this tree, installed with its dependencies from PyPI in a
+fresh virtualenv outside the tree, its three console scripts run from a directory outside the tree
+with no PYTHONPATH, so that nothing can be imported from the source tree (as the editable install of
+``make install`` does, which once hid a wheel without ``scheduler_extender.core``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from tests.harness.artifacts import (
+    ROOT, Venv, build_wheel, installed_venv, package_roots, project_version, pyproject, tree_files,
+)
+
+pytestmark = pytest.mark.install
+
+EXAMPLES = ROOT / "examples"
+POD = EXAMPLES / "pods" / "03-llm-13b-inference.yaml"
+CLUSTER = EXAMPLES / "cluster"
+INVENTORY = CLUSTER / "gpu-a100-mig-0.json"
+FILTER_BODY = ROOT / "tests" / "fixtures" / "wire" / "filter_args_nodecache.json"
+SCRIPTS = ("gpuplace-extender", "gpuplace-agent", "gpuplace")
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheels"))
+
+
+@pytest.fixture(scope="session")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    return installed_venv(tmp_path_factory.mktemp("venv"), wheel)
+
+
+@pytest.fixture(scope="session")
+def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty working directory outside the source tree."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    assert not cwd.resolve().is_relative_to(ROOT)
+    return cwd
+
+
+def run(venv: Venv, cwd: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = venv.run(list(argv), cwd=cwd, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+# ---- what the wheel holds ------------------------------------------------------------------------
+
+def wheel_names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as z:
+        return set(z.namelist())
+
+
+def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel):
+    names = wheel_names(wheel)
+    roots = package_roots()
+    assert roots == ["node_agent", "scheduler_extender", "simulator"]
+    files = [PurePosixPath(n) for n in tree_files() if n.startswith(tuple(f"{r}/" for r in roots))]
+    packages = {f.parent for f in files if f.name == "__init__.py"}
+    assert {str(p) for p in packages} >= set(roots)
+    # Every module of every package (a directory with __init__.py), and every other file under the
+    # roots: data files (YAML, JSON), py.typed, wherever they lie.
+    expected = {str(f) for f in files if (f.suffix == ".py" and f.parent in packages) or f.suffix != ".py"}
+    assert expected - names == set(), "missing from the wheel"
+    assert {str(p / "__init__.py") for p in packages} <= names
+    assert {"scheduler_extender/core/__init__.py", "scheduler_extender/data/catalog.yaml",
+            "scheduler_extender/data/default-policy.yaml", "node_agent/py.typed"} <= expected  # the ones once missed
+
+
+def test_the_wheel_holds_nothing_but_the_packages_and_its_metadata(wheel):
+    version = project_version()
+    dist_info = f"gpuplace-{version}.dist-info"
+    tops = {n.split("/", 1)[0] for n in wheel_names(wheel)}
+    assert tops == {*package_roots(), dist_info}
+    assert not [n for n in wheel_names(wheel) if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_the_wheel_carries_the_license_and_the_console_scripts(wheel):
+    version = project_version()
+    dist_info = f"gpuplace-{version}.dist-info"
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+        metadata = z.read(f"{dist_info}/METADATA").decode()
+        entry_points = z.read(f"{dist_info}/entry_points.txt").decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    assert f"Version: {version}" in metadata
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()
+    scripts = pyproject()["project"]["scripts"]
+    assert set(scripts) == set(SCRIPTS)
+    for name, target in scripts.items():
+        assert f"{name} = {target}" in entry_points
+
+
+# ---- the installed console scripts -----------------------------------------------------------------
+
+def test_nothing_is_imported_from_the_source_tree(venv, outside):
+    out = run(venv, outside, "python", "-c",
+              "import json, scheduler_extender.core, scheduler_extender.gpuplace_cli, node_agent.cli, simulator.cli; "
+              "print(json.dumps([m.__file__ for m in (scheduler_extender.core, node_agent.cli, simulator.cli)]))").stdout
+    for path in json.loads(out):
+        assert Path(path).resolve().is_relative_to(venv.path.resolve()), path
+        assert not Path(path).resolve().is_relative_to(ROOT), path
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_version_is_pyprojects(venv, outside, script):
+    proc = run(venv, outside, script, "--version")
+    assert proc.stdout == f"{script} {project_version()}\n"
+
+
+def test_gpuplace_explain_places_the_13b_inference_pod(venv, outside):
+    out = run(venv, outside, "gpuplace", "explain", str(POD), "--inventory-dir", str(CLUSTER)).stdout
+    assert "VRAM per GPU: 30.3 GiB (estimate)" in out
+    assert re.search(r"^best nodes?: .*\bgpu-(a6000-0|a100-mig-0)\b", out, re.M), out
+    assert re.search(r"^FAIL gpu-4090-0 .*VRAM < 30\.3 GiB needed", out, re.M), out
+
+
+def test_gpuplace_catalog_and_simulate_help(venv, outside):
+    catalog = run(venv, outside, "gpuplace", "catalog").stdout
+    assert catalog.startswith("id ") and re.search(r"^a100-sxm4-80gb\s+nvidia\s", catalog, re.M), catalog
+    assert "--trace" in run(venv, outside, "gpuplace", "simulate", "--help").stdout
+
+
+def test_gpuplace_agent_replays_an_inventory(venv, outside):
+    proc = run(venv, outside, "gpuplace-agent", "--probe", "fake", "--fake-inventory", str(INVENTORY),
+               "--once", "--print", "--no-publish")
+    inventory = json.loads(proc.stdout)
+    expected = json.loads(INVENTORY.read_text())
+    assert inventory["kind"] == "NodeGPUInventory" and inventory["nodeName"] == expected["nodeName"]
+    assert [g["uuid"] for g in inventory["gpus"]] == [g["uuid"] for g in expected["gpus"]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def extender(venv: Venv, outside: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    proc = subprocess.Popen([str(venv.script("gpuplace-extender")), "--inventory-dir", str(CLUSTER),
+                             "--host", "127.0.0.1", "--port", str(port)], cwd=outside, env=venv.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status, r.read()
+
+
+def test_gpuplace_extender_serves_in_static_mode_and_stops_on_sigterm(extender):
+    url, proc = extender
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status, _ = get(f"{url}/healthz")
+            break
+        except OSError:
+            assert proc.poll() is None, f"gpuplace-extender exited {proc.returncode}:\n{proc.stdout.read()}"
+            assert time.monotonic() < deadline, "no /healthz answer in 30 s"
+            time.sleep(0.1)
+    assert status == 200
+    assert get(f"{url}/readyz")[0] == 200  # static mode is ready once the inventory is read
+    req = urllib.request.Request(f"{url}/filter", data=FILTER_BODY.read_bytes(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        got = json.loads(r.read())
+    assert got["Error"] == ""
+    assert set(got["NodeNames"]) == {"gpu-a6000-0", "gpu-a100-mig-0"}
+    assert "VRAM" in got["FailedAndUnresolvableNodes"]["gpu-4090-0"]
+    proc.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then raises the signal it caught again (so the exit status
+    # says SIGTERM); with older uvicorn the process returns 0.
+    assert proc.wait(timeout=15) in (0, -signal.SIGTERM), proc.stdout.read()
