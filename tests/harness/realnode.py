@@ -543,11 +543,11 @@ state = "/run/containerd"
         node = core.read_node(self.node_name)
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """``kubectl ARGS`` against this cluster (run from this process's namespace, over the veth)."""
         assert self.cp is not None and self.cp.binaries is not None
         proc = subprocess.run([str(self.cp.binaries.kubectl), "--kubeconfig", str(self.cp.kubeconfig_path), *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, input=input)
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
         return proc
