@@ -119,7 +119,19 @@ def build_wheel(out_dir: Path, root: Path = ROOT, python: str = sys.executable) 
         except OSError:  # built meanwhile by another process: the same sources, the same wheel
             if not dest.is_dir():
                 raise
+    _prune(out_dir, keep=dest)
     return dest / built[0].name
+
+
+KEEP_WHEELS = 20
+
+
+def _prune(out_dir: Path, keep: Path) -> None:
+    """Remove all but the ``KEEP_WHEELS`` most recently built wheels (one directory per digest)."""
+    dirs = sorted((d for d in out_dir.iterdir() if d.is_dir() and not d.name.startswith(".") and d != keep),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in dirs[KEEP_WHEELS - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass(frozen=True)

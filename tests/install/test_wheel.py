@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from tests.harness.artifacts import (
-    ROOT, Venv, build_wheel, installed_venv, package_roots, project_version, pyproject, tree_files,
+    ROOT, Venv, build_wheel, cache_dir, installed_venv, package_roots, project_version, pyproject, tree_files,
 )
 
 pytestmark = pytest.mark.install
@@ -33,8 +33,10 @@ SCRIPTS = ("gpuplace-extender", "gpuplace-agent", "gpuplace")
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheels"))
+def wheel() -> Path:
+    """The wheel of this tree, cached by content under $GPUPLACE_CACHE/wheels: the same file the
+    image tests install (tests/harness/images.py)."""
+    return build_wheel(cache_dir() / "wheels")
 
 
 @pytest.fixture(scope="session")
