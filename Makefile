@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
 	@echo "make test        unit tests, import-layer check, end-to-end tests on the real control plane"
-	@echo "make test-unit   fast tests only (no control plane, no images, no wheel install)"
+	@echo "make test-unit   fast tests only (no control plane, no images, no wheel install, no chart tools)"
 	@echo "make test-install  build the wheel, pip install it in a fresh venv outside the tree, run its commands"
 	@echo "make test-minimums  the unit tests against the oldest dependency versions pyproject.toml allows"
 	@echo "                 (constraints/minimums.txt, in $(VENV_MIN)/)"
@@ -55,7 +55,7 @@ demo: install controlplane
 	$(BIN)/python -m examples.demo $(ARGS)
 
 test-unit: install
-	$(BIN)/pytest -q -m "not e2e and not images and not install"
+	$(BIN)/pytest -q -m "not e2e and not images and not install and not chart"
 
 # Also part of `make test`.
 test-install: install
