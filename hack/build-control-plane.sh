@@ -153,9 +153,9 @@ build_coredns() {
   local out="$BIN/coredns-$COREDNS_VERSION"
   [ -x "$out/coredns" ] && { log "coredns $COREDNS_VERSION cached"; return; }
   mkdir -p "$out"
-  log "building coredns $COREDNS_VERSION (about 5 minutes on 2 cores the first time)"
+  log "building coredns $COREDNS_VERSION (minutes the first time; cached after)"
   local tmp; tmp=$(mktemp -d)
-  GOBIN="$tmp" go install -ldflags "$LDFLAGS" "github.com/coredns/coredns@$COREDNS_VERSION"
+  GOBIN="$tmp" go install -ldflags "$LDFLAGS" "github.com/coredns/coredns@$COREDNS_VERSION" || { rm -rf "$tmp"; return 1; }
   install_bin "$tmp/coredns" "$out/coredns"
   rmdir "$tmp"
 }

@@ -238,33 +238,32 @@ def _binaries_under(bin_root: Path) -> Binaries:
     )
 
 
-def ensure_binaries(*, echo: bool = True) -> Binaries:
-    """Build (or find cached) etcd, kube-apiserver, kube-scheduler and kubectl.
+def cache_root() -> Path:
+    """Where builds are cached by version: ``$GPUPLACE_CACHE``, default ``~/.cache/gpuplace``."""
+    return Path(os.environ.get("GPUPLACE_CACHE") or Path.home() / ".cache" / "gpuplace")
 
-    Runs ``hack/build-control-plane.sh all``, which builds what is missing from the Go
-    module proxy (the first build takes many minutes) and prints the cache's bin root as its
-    last stdout line. A file lock in the cache directory serialises concurrent callers
-    (e.g. parallel pytest workers) so that the same thing is never built twice at once.
-    The script's progress (stderr) is echoed to our stderr when ``echo`` is true.
 
-    Raises :class:`BinariesError` with the tail of the script's output if it fails or if a
-    binary is missing afterwards.
+def run_build_script(script: Path, *args: str, echo: bool = True, lock: bool = True,
+                     error: type[RuntimeError] = BinariesError) -> list[str]:
+    """Run one of the ``hack/`` build scripts under the cache's build lock; return its stdout lines.
+
+    The scripts build what is missing into the cache and print what they built on stdout; a file
+    lock in the cache directory (``.build.lock``) serialises concurrent callers (parallel pytest
+    workers, two sessions) so that nothing is built twice at once, nor a shared Go module rewritten
+    under a running build. ``lock=False`` for a script that takes its locks itself
+    (``hack/build-images.sh``). The script's progress (stderr) is echoed to our stderr when ``echo``
+    is true. Raises ``error`` with the tail of its output if it cannot start or exits non-zero.
     """
-    cache = Path(os.environ.get("GPUPLACE_CACHE", Path.home() / ".cache" / "gpuplace"))
+    cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with (cache / ".build.lock").open("w") as lock_file:
+        if lock:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
-            proc = subprocess.Popen(
-                ["bash", str(BUILD_SCRIPT), "all"],
-                cwd=REPO_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-            )
+            proc = subprocess.Popen(["bash", str(script), *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, errors="replace")
         except OSError as exc:
-            raise BinariesError(f"cannot run {BUILD_SCRIPT}: {exc}") from exc
+            raise error(f"cannot run {script}: {exc}") from exc
         assert proc.stdout is not None and proc.stderr is not None
         err_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
 
@@ -281,12 +280,30 @@ def ensure_binaries(*, echo: bool = True) -> Binaries:
         rc = proc.wait()
         pump.join(timeout=5)
     out_lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
-    if rc != 0 or not out_lines:
-        raise BinariesError(
-            f"{BUILD_SCRIPT} failed with exit status {rc}; "
-            f"last output:\n{''.join(err_tail)}{stdout[-2000:]}"
-        )
-    binaries = _binaries_under(Path(out_lines[-1]))
+    if rc != 0:
+        raise error(f"{script} {' '.join(args)} failed with exit status {rc}; "
+                    f"last output:\n{''.join(err_tail)}{stdout[-2000:]}")
+    return out_lines
+
+
+def bin_root(what: str, *, echo: bool = True) -> Path:
+    """``hack/build-control-plane.sh WHAT`` (``all``, ``helm``, ``node``); return the bin root it prints."""
+    lines = run_build_script(BUILD_SCRIPT, what, echo=echo)
+    if not lines:
+        raise BinariesError(f"{BUILD_SCRIPT} {what} printed no bin directory")
+    return Path(lines[-1])
+
+
+def ensure_binaries(*, echo: bool = True) -> Binaries:
+    """Build (or find cached) etcd, kube-apiserver, kube-scheduler and kubectl.
+
+    Runs ``hack/build-control-plane.sh all`` (:func:`run_build_script`), which builds what is
+    missing from the Go module proxy (the first build takes many minutes).
+
+    Raises :class:`BinariesError` with the tail of the script's output if it fails or if a
+    binary is missing afterwards.
+    """
+    binaries = _binaries_under(bin_root("all", echo=echo))
     missing = [str(p) for p in binaries.all() if not os.access(p, os.X_OK)]
     if missing:
         raise BinariesError(
@@ -303,11 +320,7 @@ def ensure_helm() -> Path:
 
     Raises :class:`BinariesError` if the build fails or the binary is missing.
     """
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "helm"], cwd=REPO_ROOT, capture_output=True, text=True)
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
-        raise BinariesError(f"{BUILD_SCRIPT} helm failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    helm = Path(lines[-1]) / f"helm-{HELM_VERSION}" / "helm"
+    helm = bin_root("helm", echo=False) / f"helm-{HELM_VERSION}" / "helm"
     if not os.access(helm, os.X_OK):
         raise BinariesError(f"build script succeeded but {helm} is missing")
     return helm

@@ -14,21 +14,18 @@ and its OCI image config, which :func:`read_archive` and :func:`unpack` read.
 
 from __future__ import annotations
 
-import collections
-import importlib
 import json
 import os
 import subprocess
-import sys
 import tarfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tests.harness.controlplane import LOG_TAIL_LINES, REPO_ROOT
+from tests.harness.artifacts import build_wheel, cache_dir
+from tests.harness.controlplane import REPO_ROOT, run_build_script
 
 __all__ = [
     "BUILD_SCRIPT",
@@ -83,33 +80,11 @@ class Images:
         """The tarballs to import, e.g. into a node's containerd."""
         return [i.path for i in self.all()]
 
-    @property
-    def refs(self) -> dict[str, Path]:
-        return {i.ref: i.path for i in self.all()}
 
-    @property
-    def gpuplace_ref(self) -> str:
-        assert self.gpuplace is not None, "gpuplace image not built"
-        return self.gpuplace.ref
-
-    @property
-    def scheduler_ref(self) -> str:
-        assert self.scheduler is not None, "kube-scheduler image not built"
-        return self.scheduler.ref
-
-
-def _wheel_from_artifacts() -> Path | None:
+def _wheel_from_artifacts() -> Path:
     """The test suite's own wheel (``tests.harness.artifacts.build_wheel``, cached by the content of
-    its sources under ``$GPUPLACE_CACHE/wheels``), when the harness has one."""
-    try:
-        artifacts = importlib.import_module("tests.harness.artifacts")
-    except ImportError:
-        return None
-    build_wheel = getattr(artifacts, "build_wheel", None)
-    cache_dir = getattr(artifacts, "cache_dir", None)
-    if build_wheel is None or cache_dir is None:
-        return None
-    return Path(build_wheel(Path(cache_dir()) / "wheels"))
+    its sources under ``$GPUPLACE_CACHE/wheels``): the images install the wheel the install tests test."""
+    return build_wheel(cache_dir() / "wheels")
 
 
 def ensure_images(
@@ -128,45 +103,12 @@ def ensure_images(
     t0 = time.monotonic()
     if wheel is None and not os.environ.get("GPUPLACE_WHEEL") and "gpuplace" in names:
         wheel = _wheel_from_artifacts()
-    argv = ["bash", str(BUILD_SCRIPT), *names]
-    if wheel is not None:
-        argv += ["--wheel", str(wheel)]
-    try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-        )
-    except OSError as exc:
-        raise ImagesError(f"cannot run {BUILD_SCRIPT}: {exc}") from exc
-    assert proc.stdout is not None and proc.stderr is not None
-    err_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-
-    def pump_stderr(stream: IO[str]) -> None:
-        for line in stream:
-            err_tail.append(line)
-            if echo:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-
-    pump = threading.Thread(target=pump_stderr, args=(proc.stderr,), daemon=True)
-    pump.start()
-    stdout = proc.stdout.read()
-    rc = proc.wait()
-    pump.join(timeout=5)
+    args = [*names, *(("--wheel", str(wheel)) if wheel is not None else ())]
+    # The script takes the cache's locks itself (its own, and the build lock around kube-scheduler).
+    lines = run_build_script(BUILD_SCRIPT, *args, echo=echo, lock=False, error=ImagesError)
     seconds = time.monotonic() - t0
-    if rc != 0:
-        raise ImagesError(
-            f"{BUILD_SCRIPT} {' '.join(names)} failed with exit status {rc}; "
-            f"last output:\n{''.join(err_tail)}{stdout[-2000:]}"
-        )
     built: dict[str, Image] = {}
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
+    for line in lines:
         ref, path = line.split(maxsplit=1)
         image = Image(ref, Path(path))
         name = _name_of(ref)
@@ -175,7 +117,7 @@ def ensure_images(
         built[name] = image
     missing = [n for n in names if n not in built]
     if missing:
-        raise ImagesError(f"{BUILD_SCRIPT} printed no image for {missing}; stdout:\n{stdout}")
+        raise ImagesError(f"{BUILD_SCRIPT} printed no image for {missing}; stdout:\n" + "\n".join(lines))
     return Images(**built, seconds=seconds)
 
 

@@ -46,15 +46,17 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.harness.controlplane import (
-    BUILD_SCRIPT,
     K8S_VERSION,
     REPO_ROOT,
     BinariesError,
     ControlPlane,
     SchedulerSpec,
     _Component,
+    _http_ok,
+    bin_root,
     wait_for,
 )
+from tests.harness.fake_device_plugin import resources_of
 
 __all__ = ["NodeBinaries", "NodeNamespace", "RealCluster", "ensure_node_binaries"]
 
@@ -84,12 +86,7 @@ def ensure_node_binaries() -> NodeBinaries:
 
     Raises :class:`~tests.harness.controlplane.BinariesError` if the build fails.
     """
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "node"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                          stderr=None, text=True)
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
-        raise BinariesError(f"{BUILD_SCRIPT} node failed ({proc.returncode})")
-    root = Path(lines[-1])
+    root = bin_root("node")
     k8s_dir = root / f"k8s-{K8S_VERSION}"
     out = NodeBinaries(k8s_dir / "kubelet", k8s_dir / "kube-proxy", k8s_dir / "kube-controller-manager",
                        root / f"coredns-{COREDNS_VERSION}" / "coredns")
@@ -104,6 +101,12 @@ def _run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.Comp
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
+
+
+def _modprobe(module: str) -> None:
+    """Load a kernel module if the machine has modprobe (a kernel with it built in needs nothing)."""
+    if shutil.which("modprobe"):
+        _run("modprobe", module, check=False)
 
 
 def _is_mountpoint(path: str) -> bool:
@@ -144,6 +147,14 @@ class NodeNamespace:
     def create(self) -> None:
         if os.geteuid() != 0:
             raise PermissionError("a real node needs root (network namespace, mounts, cgroups)")
+        # Pods on the CNI bridge reach Services through iptables only with bridge netfilter, and
+        # containerd's snapshots are overlay mounts. Built into some kernels; a module elsewhere.
+        if not Path("/proc/sys/net/bridge").exists():
+            _modprobe("br_netfilter")
+        if "\toverlay\n" not in Path("/proc/filesystems").read_text():
+            _modprobe("overlay")
+        if not Path("/proc/sys/net/bridge").exists():
+            raise RuntimeError("bridge netfilter is missing: `modprobe br_netfilter` failed (kernel module not available)")
         for tool in ("ip", "nsenter", "unshare", "containerd", "runc", "ctr", "iptables", "conntrack"):
             if shutil.which(tool) is None:
                 raise FileNotFoundError(f"{tool} is not installed (Debian: containerd runc containernetworking-plugins "
@@ -176,9 +187,9 @@ class NodeNamespace:
                 self._undo.append((f"remove {top}", lambda top=top: shutil.rmtree(top)))
 
         hierarchies = self._cgroup_hierarchies()
+        self._undo.append(("remove the node's cgroups", lambda: self._remove_cgroups(hierarchies)))
         for h in hierarchies:
             (h / self.name).mkdir(exist_ok=True)
-        self._undo.append(("remove the node's cgroups", lambda: self._remove_cgroups(hierarchies)))
 
         # The holder keeps the private mount namespace alive; its tmpfs mounts and every mount the
         # kubelet and containerd make under them exist only there. rshared inside, so that the
@@ -386,14 +397,7 @@ class RealCluster:
 
         self._start_kube_proxy(binaries)
         self._start_device_plugin()
-        expected = {}
-        for gpu in self.inventory.get("gpus", []):
-            if gpu.get("migEnabled"):
-                for mig in gpu.get("migDevices", []):
-                    key = f"nvidia.com/mig-{mig['profile']}"
-                    expected[key] = expected.get(key, 0) + 1
-            else:
-                expected["nvidia.com/gpu"] = expected.get("nvidia.com/gpu", 0) + 1
+        expected = {name: len(ids) for name, ids in resources_of(self.inventory).items()}
 
         def advertised() -> bool:
             alloc = core.read_node(self.node_name).status.allocatable or {}
@@ -566,11 +570,3 @@ state = "/run/containerd"
         atexit.unregister(self.stop)
         if ns is not None:
             ns.destroy()
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - the node's own address
-        return bool(resp.status == 200)
-
