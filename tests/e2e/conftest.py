@@ -42,13 +42,3 @@ def api(control_plane: ControlPlane) -> Iterator[k8s.ApiClient]:
         yield client
     finally:
         client.close()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print what fault and load tests measured (``tests.harness.report``)."""
-    from tests.harness.report import LINES
-
-    if LINES:
-        terminalreporter.section("gpuplace measurements")
-        for line in LINES:
-            terminalreporter.write_line(line)

@@ -20,7 +20,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.harness.controlplane import REPO_ROOT, ensure_helm, skip_if_e2e_disabled, wait_for
+from tests.harness.controlplane import (
+    REPO_ROOT, create_node, ensure_helm, skip_if_e2e_disabled, wait_for, wait_pod_scheduled,
+)
+from tests.harness.gpucluster import node_allocatable, publish_inventory_direct
 from tests.harness.helm import Helm
 from tests.harness.images import ensure_images
 from tests.harness.realnode import RealCluster
@@ -78,11 +81,10 @@ def api(cluster):
 
 def values(images, **extra) -> dict:
     """Chart values pointing at the locally imported images, with the agent's fake probe."""
-    repo, tag = images.gpuplace_ref.rsplit(":", 1)
-    sched_repo, sched_tag = images.scheduler_ref.rsplit(":", 1)
+    gpuplace, scheduler = images.gpuplace, images.scheduler
     out = {
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        "scheduler": {"image": {"repository": sched_repo, "tag": sched_tag, "pullPolicy": "Never"}},
+        "image": {"repository": gpuplace.repository, "tag": gpuplace.tag, "pullPolicy": "Never"},
+        "scheduler": {"image": {"repository": scheduler.repository, "tag": scheduler.tag, "pullPolicy": "Never"}},
         "agent": {"probe": "fake", "fakeInventory": node_inventory(), "intervalSeconds": 2},
     }
     for key, value in extra.items():
@@ -152,13 +154,18 @@ def holders(inventory: dict) -> dict[str, str]:
 def test_chart_pods_run_and_are_ready_on_the_real_node(cluster, installed, api):
     rc, _, _ = cluster
     apps, core = k8s.AppsV1Api(api), k8s.CoreV1Api(api)
-    extender = apps.read_namespaced_deployment("gpuplace-extender", NS)
-    assert extender.status.ready_replicas == 2
-    scheduler = apps.read_namespaced_deployment("gpuplace-scheduler", NS)
-    assert scheduler.status.ready_replicas == scheduler.spec.replicas
-    # helm --wait accepts a DaemonSet with maxUnavailable (1) pods not ready: wait for the agent here.
-    wait_for(lambda: apps.read_namespaced_daemon_set("gpuplace-agent", NS).status.number_ready == 1, 60,
-             message="the agent DaemonSet's pod is not Ready")
+
+    def ready(kind: str, name: str) -> bool:
+        if kind == "DaemonSet":
+            ds = apps.read_namespaced_daemon_set(name, NS)
+            return bool(ds.status.desired_number_scheduled == ds.status.number_ready == 1)
+        dep = apps.read_namespaced_deployment(name, NS)
+        return bool(dep.status.ready_replicas == dep.spec.replicas == 2)
+
+    # helm --wait accepts a DaemonSet with maxUnavailable (1) pods not ready: wait for each here.
+    for kind, name in (("Deployment", "gpuplace-extender"), ("Deployment", "gpuplace-scheduler"),
+                       ("DaemonSet", "gpuplace-agent")):
+        wait_for(lambda: ready(kind, name), 60, message=f"{kind} {name} not Ready on the node")
     pods = core.list_namespaced_pod(NS).items
     assert pods and {p.spec.node_name for p in pods} == {rc.node_name}
     # One gpuplace-scheduler replica leads (leader election through a Lease in the release namespace).
@@ -260,3 +267,15 @@ def test_over_https_from_a_secret_pods_are_still_placed(cluster, installed, helm
     pod = wait_running(api, "over-https")
     assert pod.spec.node_name == rc.node_name
 
+
+
+def test_fake_nodes_join_next_to_the_real_one_and_the_extender_chooses_among_them(cluster, installed, api):
+    """Fake GPU nodes (a Node object and a published inventory, no kubelet; what the load tests use
+    by the hundred) in the same cluster: a 7B LoRA pod goes to the RTX 4090 node, the cheapest GPU
+    that fits, and is bound there (it never runs: nothing runs pods on a fake node)."""
+    inv = json.loads((REPO_ROOT / "examples" / "cluster" / "gpu-4090-0.json").read_text())
+    create_node(api, "gpu-4090-0", node_allocatable(inv))
+    publish_inventory_direct(api, "gpu-4090-0", inv)
+    rc, _, _ = cluster
+    create_example(rc, "llm-7b-lora")
+    assert wait_pod_scheduled(api, "default", "llm-7b-lora", timeout=60) == "gpu-4090-0"

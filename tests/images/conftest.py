@@ -8,7 +8,6 @@ Skipped only with ``GPUPLACE_SKIP_E2E=1``; otherwise a failing build fails the t
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +16,7 @@ import pytest
 
 from tests.harness.controlplane import skip_if_e2e_disabled
 from tests.harness.images import Archive, Image, Images, ensure_images, unpack
-
-#: What these tests measured; printed in the "gpuplace images" section of the summary.
-LINES: list[str] = []
-
-
-def note(line: str) -> None:
-    LINES.append(line)
-    print(line, file=sys.stderr, flush=True)
-
+from tests.harness.report import report as note
 
 @dataclass(frozen=True)
 class Unpacked:
@@ -66,10 +57,3 @@ def scheduler_image(images: Images, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="session")
 def pause_image(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Unpacked]:
     yield from _unpacked(images.pause, tmp_path_factory, "pause")
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if LINES:
-        terminalreporter.section("gpuplace images")
-        for line in LINES:
-            terminalreporter.write_line(line)

@@ -100,8 +100,8 @@ def test_dockerfile_final_stage_is_the_image_config(gpuplace_image: Unpacked) ->
 
 def test_gpuplace_image_config(images: Images, gpuplace_image: Unpacked) -> None:
     archive = gpuplace_image.archive
-    assert images.gpuplace_ref == f"gpuplace.local/gpuplace:{VERSION}"
-    assert archive.repo_tags == [images.gpuplace_ref]
+    assert images.gpuplace.ref == f"gpuplace.local/gpuplace:{VERSION}"
+    assert archive.repo_tags == [images.gpuplace.ref]
     assert archive.runtime["User"] == NONROOT
     env = archive.env
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
@@ -287,9 +287,9 @@ def is_static_elf(path: Path) -> bool:
 
 
 def test_kube_scheduler_image(images: Images, scheduler_image: Unpacked) -> None:
-    assert images.scheduler_ref == f"gpuplace.local/kube-scheduler:{K8S_VERSION}"
+    assert images.scheduler.ref == f"gpuplace.local/kube-scheduler:{K8S_VERSION}"
     archive = scheduler_image.archive
-    assert archive.repo_tags == [images.scheduler_ref]
+    assert archive.repo_tags == [images.scheduler.ref]
     assert archive.runtime["User"] == NONROOT
     assert "/usr/local/bin" in archive.env["PATH"].split(":")
     binary = scheduler_image.rootfs / "usr/local/bin/kube-scheduler"
@@ -345,7 +345,7 @@ def test_tarballs_import_into_containerd(images: Images, tmp_path: Path) -> None
         for image in images.all():
             t0 = time.monotonic()
             out = subprocess.run([*ctr, "images", "import", str(image.path)],
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, timeout=300)
             assert out.returncode == 0, f"ctr images import {image.path}: {out.stderr}"
             note(f"images: ctr images import {image.ref}: {time.monotonic() - t0:.1f}s")
         listed = subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True,

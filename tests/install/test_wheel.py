@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +20,7 @@ import pytest
 from tests.harness.artifacts import (
     ROOT, Venv, build_wheel, cache_dir, installed_venv, package_roots, project_version, pyproject, tree_files,
 )
+from tests.harness.controlplane import free_port
 
 pytestmark = pytest.mark.install
 
@@ -142,12 +142,6 @@ def test_gpuplace_agent_replays_an_inventory(venv, outside):
     expected = json.loads(INVENTORY.read_text())
     assert inventory["kind"] == "NodeGPUInventory" and inventory["nodeName"] == expected["nodeName"]
     assert [g["uuid"] for g in inventory["gpus"]] == [g["uuid"] for g in expected["gpus"]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
