@@ -233,21 +233,11 @@ ensure_base() {
 # The files the wheel is built from; the Dockerfile copies the same ones.
 WHEEL_SOURCES=(pyproject.toml README.md LICENSE scheduler_extender node_agent simulator)
 
+# The wheel the test suite installs and tests (tests/harness/artifacts.py: from a clean copy of the
+# files the wheel is built from, cached by their content under $CACHE/wheels).
 build_wheel() {
-  local src="$WORK/src" dist="$WORK/dist"
-  mkdir -p "$src" "$dist"
-  local p
-  for p in "${WHEEL_SOURCES[@]}"; do
-    [ -e "$ROOT/$p" ] || continue
-    tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - "$p" | tar -C "$src" -xf -
-  done
   log "building the gpuplace wheel from $ROOT"
-  # Zip timestamps from SOURCE_DATE_EPOCH (zip cannot store times before 1980).
-  local epoch; epoch=$(source_epoch)
-  [ "$epoch" -ge 315532800 ] || epoch=315532800
-  SOURCE_DATE_EPOCH="$epoch" "$PYTHON" -m pip wheel --quiet --no-deps --disable-pip-version-check \
-    -w "$dist" "$src" >&2
-  WHEEL=$(ls "$dist"/gpuplace-*.whl)
+  WHEEL=$(cd "$ROOT" && "$PYTHON" -m tests.harness.artifacts wheel "$CACHE/wheels")
 }
 
 # wheel_info WHEEL: "VERSION DIGEST", the digest over the wheel's member names and contents
