@@ -22,12 +22,12 @@ import shutil
 import struct
 import subprocess
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.artifacts import pyproject
 from tests.harness.controlplane import K8S_VERSION, REPO_ROOT, wait_for
 from tests.harness.images import BUILD_SCRIPT, Images
 from tests.images.conftest import Unpacked, note
@@ -35,7 +35,7 @@ from tests.images.sandbox import run_in_image
 
 pytestmark = pytest.mark.images
 
-PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+PYPROJECT = pyproject(REPO_ROOT)
 VENV = "/opt/gpuplace"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 NONROOT = "65532:65532"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
@@ -12,18 +10,13 @@ from node_agent import cli as agent_cli
 from node_agent import version
 from scheduler_extender import cli as extender_cli
 from scheduler_extender import gpuplace_cli
-
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+from tests.harness.artifacts import project_version
 
 MAINS = [
     pytest.param("gpuplace-extender", extender_cli.main, id="gpuplace-extender"),
     pytest.param("gpuplace-agent", agent_cli.main, id="gpuplace-agent"),
     pytest.param("gpuplace", gpuplace_cli.main, id="gpuplace"),
 ]
-
-
-def pyproject_version() -> str:
-    return str(tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["version"])
 
 
 @pytest.mark.parametrize("prog, main", MAINS)
@@ -39,7 +32,7 @@ def test_version_prints_prog_and_the_installed_version_and_exits_0(prog, main, c
 def test_the_installed_version_is_pyprojects():
     # The test environment is `pip install -e .` of this tree (make install reinstalls when
     # pyproject.toml changes), so its metadata carries pyproject's version.
-    assert version.package_version() == pyproject_version()
+    assert version.package_version() == project_version()
 
 
 @pytest.mark.parametrize("prog, main", MAINS)
