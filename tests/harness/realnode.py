@@ -53,6 +53,7 @@ from tests.harness.controlplane import (
     SchedulerSpec,
     _Component,
     _http_ok,
+    _set_pdeathsig,
     bin_root,
     wait_for,
 )
@@ -200,7 +201,7 @@ class NodeNamespace:
             ["nsenter", f"--net=/run/netns/{self.name}", "unshare", "--mount", "--propagation", "private",
              "sh", "-c", script],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_set_pdeathsig)  # gone with a test process killed outright
         self._undo.append(("stop every process of the node", self._kill_node_processes))
         assert self._holder.stdout is not None
         if self._holder.stdout.readline().strip() != "ready":
