@@ -27,7 +27,8 @@ log() { echo "[build-control-plane] $*" >&2; }
 
 # Version stamps, as the projects' own release builds set them (kubernetes hack/lib/version.sh,
 # helm's Makefile); without them kube-apiserver reports v0.0.0-master and Helm assumes k8s v1.20.
-# Each output dir records the ldflags it was built with in .recipe; a different recipe rebuilds.
+# Each binary records the ldflags it was built with (.recipe-<name> for k8s, .recipe for Helm); a
+# different recipe rebuilds it.
 k8s_ldflags() {
   local v="$K8S_VERSION" major minor
   major="${v#v}"; major="${major%%.*}"
