@@ -27,7 +27,10 @@ MAX_QUANTITY = Decimal(2**63 - 1)
 """Largest magnitude accepted: Kubernetes reads quantities as int64 (``Quantity.Value()``); beyond
 it (``1e999999``) a number is no request anyone meant, and unbounded it would cost time and memory."""
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+# ASCII digits only, as Kubernetes' grammar (Python's \d also matches "４０"); one way to read every
+# string, so matching is linear in its length: `\d+\.?\d*` could split a run of digits between its
+# two parts every way, and a failing 8,000-digit value took seconds.
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 
 
 class QuantityError(ValueError):

@@ -36,7 +36,7 @@ KNOWN_ANNOTATIONS = frozenset({
 NVIDIA_GPU = "nvidia.com/gpu"
 AMD_GPU = "amd.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
-_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
+_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$", re.ASCII)
 
 WORKLOADS = ("training", "finetune-lora", "inference")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
@@ -49,7 +49,10 @@ PRECISION_MIN_CC: dict[str, tuple[int, int]] = {"bf16": (8, 0), "tf32": (8, 0), 
 tensor cores arrived with Ampere (8.0), FP8 with Ada/Hopper (8.9) (NVIDIA CUDA C++ Programming
 Guide, "Compute Capabilities"; Ampere and Ada architecture whitepapers)."""
 
-_PARAMS = re.compile(r"^(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([kKmMbBtT])?$")
+_PARAMS = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT])?$", re.ASCII)
+# Major and minor of a compute capability: a few ASCII digits each (int() of thousands of digits
+# is slow, and past Python's 4,300-digit limit it raises).
+_CC = re.compile(r"\s*([0-9]{1,3})\.([0-9]{1,3})\s*", re.ASCII)
 _PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
@@ -316,10 +319,9 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
     vram = None
     if A_VRAM in ours:
         try:
-            q = parse_quantity(str(ours[A_VRAM]))
-            if q <= 0:
-                raise QuantityError("not positive")
-            vram = int(q)
+            vram = int(parse_quantity(str(ours[A_VRAM])))
+            if vram <= 0:  # also "1m": a thousandth of a byte is no VRAM need
+                raise QuantityError("not at least one byte")
         except QuantityError:
             errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
 
@@ -328,7 +330,7 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
 
     min_cc = None
     if A_MIN_CC in ours:
-        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", str(ours[A_MIN_CC]))
+        m = _CC.fullmatch(str(ours[A_MIN_CC]))
         if m:
             min_cc = (int(m.group(1)), int(m.group(2)))
         else:

@@ -7,6 +7,7 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.quantity import QuantityError, parse_quantity
 from scheduler_extender.server import ExtenderService, create_app
 from scheduler_extender.sources import StaticSource
 from tests.factories import EXAMPLES, pod
@@ -71,6 +72,31 @@ def test_a_parameter_count_beyond_1000t_is_an_annotation_error_not_an_overflow(c
     assert r.status_code == 200, r.text  # '1E310' is infinite as a float: int(inf) raised OverflowError before
     reasons = r.json()["FailedAndUnresolvableNodes"]
     assert set(reasons) == set(NODES) and all(v.startswith("gpuplace.io/model-params:") for v in reasons.values())
+
+
+@pytest.mark.parametrize("p, field", [
+    # Python's \d took these; Kubernetes' quantity grammar is ASCII digits only.
+    (pod({"gpuplace.io/vram": "\uff14\uff10Gi"}), "gpuplace.io/vram"),                     # fullwidth 40Gi
+    (pod({"gpuplace.io/model-params": "\uff17B"}), "gpuplace.io/model-params"),            # fullwidth 7B
+    (pod({"gpuplace.io/min-compute-capability": "\u0668.\u0660"}), "gpuplace.io/min-compute-capability"),  # Arabic-Indic 8.0
+    (pod({}, gpus="\u0662"), "resources nvidia.com/gpu"),                                    # Arabic-Indic 2
+    (pod({"gpuplace.io/vram": "1m"}), "gpuplace.io/vram"),                                    # a thousandth of a byte
+    # 5,000 digits: past Python's 4,300-digit int() limit, a 500 before.
+    (pod({"gpuplace.io/min-compute-capability": "8." + "0" * 5000}), "gpuplace.io/min-compute-capability"),
+])
+def test_non_ascii_digits_oversized_numbers_and_sub_byte_vram_fail_every_node_naming_the_field(client, p, field):
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200, r.text
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES) and all(v.startswith(field + ":") for v in reasons.values())
+
+
+@pytest.mark.parametrize("text", ["1" * 20_000 + "x", "1" * 20_000 + ".5" + "1" * 20_000 + "x", "." + "1" * 20_000 + "e"])
+def test_a_long_string_of_digits_that_is_no_quantity_is_refused(text):
+    # One way to read each string: before, a digit run could be split between `\d+` and `\d*` in
+    # every way, and such a value took seconds (8,000 digits: 6 s) while every request waited.
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
 
 
 @pytest.mark.parametrize("text", ["[" * 5000, '{"a":' * 5000, "- " * 5000])
