@@ -8,6 +8,7 @@ with it, so ``kubectl describe pod`` tells the user what to fix.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -68,6 +69,26 @@ def shown(value: Any) -> str:
     if len(text) <= SHOWN_CHARS:
         return repr(text) if isinstance(value, str) else repr(value)
     return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+UNKNOWN_KEYS_NAMED = 3
+"""How many unknown ``gpuplace.io/`` keys of one pod a reason names (the rest are counted), so that
+a pod with thousands of them costs a few nearest-key look-ups, not thousands."""
+
+
+def _unknown_keys(keys: list[str]) -> list[AnnotationError]:
+    """An error per unknown ``gpuplace.io/`` key (the first :data:`UNKNOWN_KEYS_NAMED`, sorted),
+    naming the nearest known key (``difflib``'s ratio >= 0.6) or, without one, all of them."""
+    unknown = sorted(k for k in keys if k not in KNOWN_ANNOTATIONS)
+    errors = []
+    for key in unknown[:UNKNOWN_KEYS_NAMED]:
+        near = difflib.get_close_matches(key, sorted(KNOWN_ANNOTATIONS), n=1)
+        hint = (f"did you mean {near[0]}?" if near
+                else f"the pod annotations are {', '.join(sorted(KNOWN_ANNOTATIONS))}")
+        errors.append(AnnotationError(_cut(key), f"not a gpuplace.io pod annotation; {hint}"))
+    if len(unknown) > UNKNOWN_KEYS_NAMED:
+        errors.append(AnnotationError(PREFIX + "*", f"{len(unknown) - UNKNOWN_KEYS_NAMED} more unknown gpuplace.io/ keys"))
+    return errors
 
 
 def _cut(text: str) -> str:
@@ -285,8 +306,9 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         annotations = {}
-    ours = {k: v for k, v in annotations.items() if k.startswith(PREFIX)}
-    errors: list[AnnotationError] = []
+    ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(PREFIX)}
+    # A misspelt key (gpuplace.io/vrma) would silently drop the user's constraint: refuse it.
+    errors: list[AnnotationError] = _unknown_keys(list(ours))
 
     requests, res_errors = pod_gpu_requests(pod)
     errors.extend(res_errors)

@@ -99,6 +99,33 @@ def test_a_long_string_of_digits_that_is_no_quantity_is_refused(text):
         parse_quantity(text)
 
 
+def test_a_misspelt_gpuplace_key_fails_every_node_naming_the_key_and_the_nearest_known_one(client):
+    r = client.post("/filter", content=json.dumps({"Pod": pod({"gpuplace.io/vrma": "40Gi"}), "NodeNames": NODES}))
+    assert r.status_code == 200, r.text
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES)
+    assert all(v == "gpuplace.io/vrma: not a gpuplace.io pod annotation; did you mean gpuplace.io/vram?"
+               for v in reasons.values()), reasons
+
+
+def test_keys_outside_the_gpuplace_prefix_are_left_alone(client):
+    # The extender's own requeue mark and other tools' keys are not ours to judge.
+    p = pod({"extender.gpuplace.io/requeued-at": "2026-11-25T08:00:00Z", "example.com/vrma": "x",
+             "gpuplace.io/vram": "20Gi"})
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200, r.text
+    assert r.json()["NodeNames"], r.json()
+
+
+def test_thousands_of_unknown_gpuplace_keys_cost_a_few_look_ups_and_a_bounded_reason(client):
+    p = pod({f"gpuplace.io/k{i}": "1" for i in range(5000)})
+    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    assert r.status_code == 200, r.text
+    reasons = r.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NODES)
+    assert all("4997 more unknown gpuplace.io/ keys" in v and len(v) < 2000 for v in reasons.values()), reasons
+
+
 @pytest.mark.parametrize("text", ["[" * 5000, '{"a":' * 5000, "- " * 5000])
 def test_deeply_nested_inventories_and_policies_are_rejected_not_a_recursion_error(text):
     # A RecursionError escaped the parsers before: in the watch thread it failed every relist.
