@@ -236,3 +236,68 @@ def test_a_broken_kubeconfig_exits_2_without_echoing_its_token(text, tmp_path, c
     assert main(["--kubeconfig", str(path)]) == 2
     err = capsys.readouterr().err
     assert "no cluster configuration" in err and "SECRET-TOKEN-42" not in err
+
+
+def _request(chunks: list[bytes], headers: list[tuple[bytes, bytes]] = (), disconnect_after: int | None = None):
+    """A Request whose body arrives in ``chunks``; ``sent`` counts the chunks the server asked for."""
+    from starlette.requests import Request
+
+    sent = []
+
+    async def receive():
+        if disconnect_after is not None and len(sent) == disconnect_after:
+            return {"type": "http.disconnect"}
+        i = len(sent)
+        sent.append(i)
+        return {"type": "http.request", "body": chunks[i], "more_body": i + 1 < len(chunks)}
+
+    scope = {"type": "http", "method": "POST", "path": "/filter", "headers": list(headers), "query_string": b""}
+    return Request(scope, receive), sent
+
+
+def test_a_body_over_the_limit_is_refused_while_it_streams_in_not_after_it_is_buffered():
+    import asyncio
+
+    from scheduler_extender.server import BodyTooLarge, read_body
+
+    request, sent = _request([b"x" * 100] * 1000)
+    with pytest.raises(BodyTooLarge, match="more than 250 bytes"):
+        asyncio.run(read_body(request, 250))
+    assert len(sent) == 3  # stopped at the chunk that crossed the limit, 997 never read
+
+
+def test_a_declared_content_length_over_the_limit_is_refused_before_any_chunk_is_read():
+    import asyncio
+
+    from scheduler_extender.server import BodyTooLarge, read_body
+
+    for declared in (b"251", b"9" * 5000):
+        request, sent = _request([b"x"], headers=[(b"content-length", declared)])
+        with pytest.raises(BodyTooLarge, match="exceeds 250"):
+            asyncio.run(read_body(request, 250))
+        assert sent == []
+
+
+def test_a_body_within_the_limit_is_read_whole():
+    import asyncio
+
+    from scheduler_extender.server import read_body
+
+    request, _ = _request([b"ab", b"cd", b"e"])
+    assert asyncio.run(read_body(request, 5)) == b"abcde"
+
+
+def test_an_aborted_upload_is_answered_499_and_counted_not_logged_as_a_crash(client, caplog):
+    import asyncio
+
+    answered = []
+    request, _ = _request([b"{", b"}"], disconnect_after=1)
+
+    async def send(message):
+        answered.append(message)
+
+    asyncio.run(client.app(request.scope, request.receive, send))
+    assert answered[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    metrics = client.get("/metrics").text
+    assert 'gpuplace_extender_requests_total{code="499",verb="filter"} 1.0' in metrics
