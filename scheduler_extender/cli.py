@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from node_agent.version import add_version_argument
+from scheduler_extender.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, bounded_http_protocol
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
@@ -93,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
                    help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
                         f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
+    p.add_argument("--header-timeout-seconds", type=float, default=DEFAULT_HEADER_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="close a connection whose request line and headers have not all arrived this long after it "
+                        "opened, or after the first byte of a later request on it (slowloris) "
+                        f"(default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help="close at once a connection beyond N open ones, per port, so that clients cannot use up "
+                        f"the process's file descriptors (default: {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--log-level", default=os.environ.get("GPUPLACE_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="log level (default: info)")
     return p
@@ -207,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--policy-configmap reads the policy from the cluster: it excludes --policy and --inventory-dir")
     try:
         ssl_options = tls_options(args)
+        if not args.header_timeout_seconds > 0:
+            raise UsageError(f"--header-timeout-seconds {args.header_timeout_seconds:g}: must be more than 0")
+        if args.max_connections < 1:
+            raise UsageError(f"--max-connections {args.max_connections}: must be at least 1")
         if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
             raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
         if args.watch_timeout_seconds < 1:
@@ -287,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
-    main_config = uvicorn.Config(create_app(service), host=args.host, port=args.port,
+    http = bounded_http_protocol(args.header_timeout_seconds, args.max_connections)
+    main_config = uvicorn.Config(create_app(service), host=args.host, port=args.port, http=http,
                                  log_level="warning", access_log=False, **ssl_options)
     if ssl_options and args.tls_reload_seconds > 0:
         main_config.load()  # builds the SSLContext the server will use (Server.serve skips a loaded config)
@@ -296,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [uvicorn.Server(main_config)]
     if args.health_port:
         log.info("health and metrics also on http://%s:%d (/healthz, /readyz, /metrics)", args.host, args.health_port)
-        servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host,
+        servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host, http=http,
                                                      port=args.health_port, log_level="warning", access_log=False)))
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(servers, background))
