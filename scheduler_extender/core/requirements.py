@@ -71,6 +71,12 @@ def shown(value: Any) -> str:
     return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
 
 
+MAX_VALUE_CHARS = 4096
+"""Longest ``gpuplace.io/`` annotation value parsed. The longest a user needs is a list of GPU models
+(every id and alias the catalog knows, comma-separated, is under 1,000 characters); a longer value is
+refused unread, so its size cannot make a request's parsing cost more (Kubernetes allows 256 KiB of
+annotations in all)."""
+
 UNKNOWN_KEYS_NAMED = 3
 """How many unknown ``gpuplace.io/`` keys of one pod a reason names (the rest are counted), so that
 a pod with thousands of them costs a few nearest-key look-ups, not thousands."""
@@ -309,6 +315,9 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
     ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(PREFIX)}
     # A misspelt key (gpuplace.io/vrma) would silently drop the user's constraint: refuse it.
     errors: list[AnnotationError] = _unknown_keys(list(ours))
+    for key in [k for k, v in ours.items() if len(str(v)) > MAX_VALUE_CHARS]:
+        errors.append(AnnotationError(key, f"{shown(ours.pop(key))} is longer than {MAX_VALUE_CHARS} characters; "
+                                           "no gpuplace.io annotation needs that many"))
 
     requests, res_errors = pod_gpu_requests(pod)
     errors.extend(res_errors)

@@ -195,3 +195,18 @@ def post_reasons(client, p):
     assert r.status_code == 200
     body = r.json()
     return {**body["FailedNodes"], **body["FailedAndUnresolvableNodes"]}
+
+
+def test_an_annotation_value_over_the_length_cap_is_refused_unread_naming_the_annotation(client):
+    from scheduler_extender.core.requirements import MAX_VALUE_CHARS
+
+    # A valid value, just too long: refused by its length, not parsed (it would pass if it were).
+    models = ",".join(["RTX-4090"] * (MAX_VALUE_CHARS // 9 + 1))
+    reasons = post_reasons(client, pod({"gpuplace.io/gpu-models": models}))
+    assert set(reasons) == set(NODES)
+    assert all(v.startswith("gpuplace.io/gpu-models:") and f"longer than {MAX_VALUE_CHARS} characters" in v
+               for v in reasons.values()), reasons
+    # At the cap it is parsed as usual: the 4090 nodes pass.
+    at_cap = ",".join(["RTX-4090"] * (MAX_VALUE_CHARS // 9))
+    r = client.post("/filter", content=json.dumps({"Pod": pod({"gpuplace.io/gpu-models": at_cap}), "NodeNames": NODES}))
+    assert {"gpu-4090-0", "gpu-4090-1"} <= set(r.json()["NodeNames"]), r.json()
