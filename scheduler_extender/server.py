@@ -34,6 +34,7 @@ from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.explain import explain_decision
+from scheduler_extender.logtext import for_log
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.sources import StateSource
@@ -372,8 +373,9 @@ class ExtenderService:
         if requeue is not None:
             requeue.observe(job, args.Pod, names, results, passing, generation, serial)
         if not passing and results and not job.errors:
-            log.info("pod %s fits no node: %s", job.req.key,
-                     "; ".join(f"{n}: {results[g].reason}" for n, g in zip(names[:5], grouped.group_of))
+            log.info("pod %s fits no node: %s", for_log(job.req.key),
+                     "; ".join(f"{for_log(n)}: {for_log(results[g].reason, 1000)}"
+                               for n, g in zip(names[:5], grouped.group_of))
                      + (" ..." if len(names) > 5 else ""))
         if grouped.answer_key is not None:  # the classes of a remembered NodeNames list (``_named_states``)
             return self._answer("filter", grouped, lambda: self._filter_names_body(grouped))

@@ -301,3 +301,18 @@ def test_an_aborted_upload_is_answered_499_and_counted_not_logged_as_a_crash(cli
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     metrics = client.get("/metrics").text
     assert 'gpuplace_extender_requests_total{code="499",verb="filter"} 1.0' in metrics
+
+
+def test_client_sent_names_reach_the_log_cut_and_escaped_so_no_request_forges_a_line(client, caplog):
+    p = pod({"gpuplace.io/vram": "200Gi"})
+    p["metadata"]["name"] = "evil\n2026-11-25 INFO forged line" + "x" * 10_000
+    forged_node = "node\r\nERROR forged too" * 500
+    with caplog.at_level("INFO", logger="scheduler_extender.server"):
+        r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": [forged_node, *NODES]}))
+    assert r.status_code == 200, r.text
+    lines = [rec.getMessage() for rec in caplog.records if "fits no node" in rec.getMessage()]
+    assert lines, [rec.getMessage() for rec in caplog.records]
+    for line in lines:
+        assert "\n" not in line and "\r" not in line
+        assert "evil\\n2026-11-25 INFO forged line" in line and "characters)" in line
+        assert len(line) < 10_000
