@@ -91,15 +91,16 @@ def _unknown_keys(keys: list[str]) -> list[AnnotationError]:
         near = difflib.get_close_matches(key, sorted(KNOWN_ANNOTATIONS), n=1)
         hint = (f"did you mean {near[0]}?" if near
                 else f"the pod annotations are {', '.join(sorted(KNOWN_ANNOTATIONS))}")
-        errors.append(AnnotationError(_cut(key), f"not a gpuplace.io pod annotation; {hint}"))
+        errors.append(AnnotationError(cut(key), f"not a gpuplace.io pod annotation; {hint}"))
     if len(unknown) > UNKNOWN_KEYS_NAMED:
         errors.append(AnnotationError(PREFIX + "*", f"{len(unknown) - UNKNOWN_KEYS_NAMED} more unknown gpuplace.io/ keys"))
     return errors
 
 
-def _cut(text: str) -> str:
-    """A list as the user wrote it (for reasons), cut after ``SHOWN_CHARS`` characters."""
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text as the user wrote it (for reasons and log lines), cut after ``limit`` characters, the
+    full length then noted."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def _models(annotations: Mapping[str, str], key: str, catalog: Catalog, errors: 
             unknown.append(t)
     if unknown:
         errors.append(AnnotationError(
-            key, f"unknown GPU model {_cut(', '.join(repr(u) for u in unknown))}; use catalog ids or families "
+            key, f"unknown GPU model {cut(', '.join(repr(u) for u in unknown))}; use catalog ids or families "
                  f"(exact, case-insensitive), e.g. A100, A100-80GB, H100, H200, L40S, RTX-4090, A6000 "
                  f"(`gpuplace catalog` lists all)"))
         return None
@@ -401,9 +402,9 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
         sharding=sharding,
         vram_bytes=vram,
         allowed_models=allowed,
-        allowed_models_text=_cut(str(ours.get(A_MODELS, ""))),
+        allowed_models_text=cut(str(ours.get(A_MODELS, ""))),
         excluded_models=excluded,
-        excluded_models_text=_cut(str(ours.get(A_EXCLUDE, ""))),
+        excluded_models_text=cut(str(ours.get(A_EXCLUDE, ""))),
         min_compute_capability=min_cc,
         require=require,
         prefer=prefer,
