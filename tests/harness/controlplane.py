@@ -490,17 +490,22 @@ class _Component:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL. Safe to call repeatedly."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
+        if self.proc is not None:
+            stop_process(self.proc, grace)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM ``proc``, wait up to ``grace`` seconds, then SIGKILL it. Safe on an exited process."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(timeout=grace)
+            proc.kill()
+        proc.wait(timeout=grace)
 
 
 # --------------------------------------------------------------------------------------

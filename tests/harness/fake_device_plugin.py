@@ -130,6 +130,7 @@ class ResourcePlugin:
         return b""
 
     def serve(self) -> None:
+        self._stop.clear()  # served again after a kubelet restart
         sock = self.plugin_dir / self.endpoint
         sock.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -177,7 +178,6 @@ def run(inventory_path: Path, plugin_dir: Path, stop: threading.Event) -> None:
                 try:
                     for p in plugins:
                         p.stop()
-                        p._stop.clear()
                         p.serve()
                         p.register()
                     registered_with = kubelet

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.harness.artifacts import pyproject
-from tests.harness.controlplane import K8S_VERSION, REPO_ROOT, wait_for
+from tests.harness.controlplane import K8S_VERSION, REPO_ROOT, stop_process, wait_for
 from tests.harness.images import BUILD_SCRIPT, Images
 from tests.images.conftest import Unpacked, note
 from tests.images.sandbox import run_in_image
@@ -352,11 +352,6 @@ def test_tarballs_import_into_containerd(images: Images, tmp_path: Path) -> None
                                 check=True).stdout.split()
         assert {i.ref for i in images.all()} <= set(listed), listed
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace=20)
         log.close()
         shutil.rmtree(tmp_path / "root", ignore_errors=True)
