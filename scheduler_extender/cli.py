@@ -34,8 +34,8 @@ Modes:
   cluster  --kubeconfig FILE, or in-cluster config: watches Nodes (inventory annotation, allocatable),
            Pods, and Namespaces (labels, for policy tenants).
 
-Also serves GET /healthz, /readyz (ready after the first full sync), /metrics, and the read-only
-GET /debug/allocations (per node: GPUs free and held, and by which pods).
+Also serves GET /healthz, /readyz (ready after the first full sync), /metrics, and with
+--debug-endpoints the read-only GET /debug/allocations (per node: GPUs free and held, and by which pods).
 """
 
 
@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                    help="close at once a connection beyond N open ones, per port, so that clients cannot use up "
                         f"the process's file descriptors (default: {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--debug-endpoints", action=argparse.BooleanOptionalAction, default=False,
+                   help="serve GET /debug/allocations on --port: per node, the GPUs the extender believes free "
+                        "and held and by which pods (namespace/name of every tenant's GPU pods, to any client "
+                        "that can reach the port) (default: off)")
     p.add_argument("--log-level", default=os.environ.get("GPUPLACE_LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"], help="log level (default: info)")
     return p
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
     http = bounded_http_protocol(args.header_timeout_seconds, args.max_connections)
-    main_config = uvicorn.Config(create_app(service), host=args.host, port=args.port, http=http,
+    main_config = uvicorn.Config(create_app(service, debug_endpoints=args.debug_endpoints), host=args.host,
+                                 port=args.port, http=http,
                                  log_level="warning", access_log=False, **ssl_options)
     if ssl_options and args.tls_reload_seconds > 0:
         main_config.load()  # builds the SSLContext the server will use (Server.serve skips a loaded config)

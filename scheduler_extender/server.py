@@ -4,7 +4,9 @@ Endpoints: ``POST /filter``, ``POST /prioritize`` (extender wire format, see ``w
 ``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus),
 ``POST /explain`` (body: a v1.Pod; answer: ``explain.explain_decision`` for every known node).
 ``GET /debug/allocations`` (read-only: per node, the GPUs the extender believes free and held, and
-by which pods; for operators comparing the extender's view with the API server's).
+by which pods; for operators comparing the extender's view with the API server's), served only
+with ``debug_endpoints`` (``--debug-endpoints``): it lists every tenant's pods to whoever can reach
+the port.
 A malformed body gets HTTP 400 with ``{"Error": "..."}``; an unexpected failure gets 500 with the
 same shape and is logged; the server keeps serving either way.
 """
@@ -530,8 +532,9 @@ def _error(status: int, message: str) -> Response:
     return Response(dumps({"Error": message}), status_code=status, media_type="application/json")
 
 
-def create_app(service: ExtenderService) -> Starlette:
-    """The Starlette application serving ``service``."""
+def create_app(service: ExtenderService, *, debug_endpoints: bool = False) -> Starlette:
+    """The Starlette application serving ``service``; ``GET /debug/allocations`` only with
+    ``debug_endpoints`` (404 otherwise, like any unknown path)."""
     m = service.metrics
 
     def verb(name: str, fn: Any, parse: Any = parse_extender_args) -> Any:
@@ -573,7 +576,7 @@ def create_app(service: ExtenderService) -> Starlette:
         Route("/prioritize", verb("prioritize", service.prioritize_response), methods=["POST"]),
         Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
         *_health_routes(service),
-        Route("/debug/allocations", debug_allocations, methods=["GET"]),
+        *([Route("/debug/allocations", debug_allocations, methods=["GET"])] if debug_endpoints else []),
     ])
 
 

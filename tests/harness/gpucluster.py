@@ -118,7 +118,7 @@ def start_extender(kubeconfig: Path, log_dir: Path, *, port: int | None = None, 
     port = port or free_port()
     log_path = log_dir / f"extender-{port}.log"
     cmd = [sys.executable, "-m", "scheduler_extender.cli", "--kubeconfig", str(kubeconfig),
-           "--host", "127.0.0.1", "--port", str(port), *extra_args]
+           "--host", "127.0.0.1", "--port", str(port), "--debug-endpoints", *extra_args]
     if policy is not None:
         cmd += ["--policy", str(policy)]
     log = open(log_path, "wb")

@@ -198,6 +198,8 @@ def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
     (tmp_path / "gpu-4090-0.json").write_text(json.dumps(inv))
     service = ExtenderService(Engine(), StaticSource(tmp_path, default_catalog()))
     with TestClient(create_app(service)) as c:
+        assert c.get("/debug/allocations").status_code == 404  # off unless asked for
+    with TestClient(create_app(service, debug_endpoints=True)) as c:
         r = c.get("/debug/allocations")
         assert r.status_code == 200
         node = r.json()["nodes"]["gpu-4090-0"]
