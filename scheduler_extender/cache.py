@@ -368,6 +368,10 @@ class ClusterCache:
         with self._lock:
             return sorted(self._nodes)
 
+    def has_node(self, name: str) -> bool:
+        """Whether Node ``name`` is in the cache (listed or watched, not deleted since)."""
+        return name in self._nodes
+
     def pods_on(self, name: str) -> list[str]:
         with self._lock:
             return sorted(self._pods[uid].key for uid in self._pods_by_node.get(name, ()))

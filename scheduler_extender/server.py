@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -37,6 +37,7 @@ from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.explain import explain_decision
 from scheduler_extender.logtext import for_log
+from scheduler_extender.memo import BoundedMemo, content_digest
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.sources import StateSource
@@ -45,10 +46,24 @@ from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extend
 log = logging.getLogger(__name__)
 
 MAX_JOBS = 256
-"""Resolved pods remembered (by uid and resourceVersion) between their filter and prioritize calls."""
+"""Resolved pods remembered by content (namespace, annotations, spec, namespace labels, policy)."""
+
+MAX_JOB_BYTES = 16 * 2**20
+"""... and the bytes they may keep alive: a job keeps at most the strings of its pod (charged at
+the pod's JSON size) and reasons cut to a bounded length (``JOB_OVERHEAD_BYTES``)."""
+
+JOB_OVERHEAD_BYTES = 4096
 
 MAX_ANSWERS = 64
 """Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
+
+MAX_ANSWER_BYTES = 64 * 2**20
+"""... and their total size (the answer for 15,000 nodes with a reason each is a few MiB)."""
+
+MAX_ROTATIONS = 16
+"""Rotations of the remembered node list whose states and classes are kept (kube-scheduler
+starts each search where the last one stopped, so a sampled list comes rotated; each rotation
+kept costs a list as long as the node list)."""
 
 GC_FREEZE_NODES = 1000
 """Reading this many nodes' states in one request (the first request, a relist) freezes the
@@ -62,8 +77,13 @@ can hold a stale node and the per-list oldest ``observedAt`` is not computed."""
 MAX_QUOTED_NAMES = 200_000
 """Node names kept JSON-encoded for filter bodies (``_quoted``); more than any cluster has nodes."""
 
+MAX_QUOTED_BYTES = 32 * 2**20
+"""... and their total length (names a client sends are not bounded by any cluster)."""
+
 MAX_QUOTED_GROUPS = 16
 """Node lists whose per-class encoded names are kept (the current list and its rotations)."""
+
+MAX_QUOTED_GROUP_BYTES = 64 * 2**20
 
 MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
@@ -101,6 +121,13 @@ class _NodeListMemo:
     groups: dict[tuple[str | None, int], NodeGroups] = field(default_factory=dict)  # (resource, rotation)
     states: dict[int, list[NodeState]] = field(default_factory=dict)  # rotation -> states in list order
 
+    def keep(self, shift: int, states: list[NodeState]) -> None:
+        """Remember ``states`` for rotation ``shift``; at most ``MAX_ROTATIONS`` rotations."""
+        if shift not in self.states and len(self.states) >= MAX_ROTATIONS:
+            self.states.clear()
+            self.groups.clear()
+        self.states[shift] = states
+
 
 def _rotation(memo: _NodeListMemo, names: list[str]) -> int | None:
     """``i`` when ``names`` is the remembered list rotated left by ``i``, else None."""
@@ -126,14 +153,14 @@ class ExtenderService:
         self._node_index: _NodeIndex | None = None
         self._node_list: _NodeListMemo | None = None
         self._node_list_lock = threading.Lock()
-        self._answers: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._answers: BoundedMemo[bytes] = BoundedMemo(MAX_ANSWERS, MAX_ANSWER_BYTES)
         self._answers_lock = threading.Lock()
         self._quoted: dict[str, bytes] = {}  # node name -> the name as a JSON string
+        self._quoted_bytes = 0
         # NodeGroups.serial -> per class, its nodes' names as JSON strings (``_encoded_members``)
-        self._quoted_members: OrderedDict[int, list[list[bytes]]] = OrderedDict()
-        self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
-        self._specs: OrderedDict[Hashable, Job] = OrderedDict()  # pod content -> its decision_job
-        self._jobs_lock = threading.Lock()
+        self._quoted_members: BoundedMemo[list[list[bytes]]] = BoundedMemo(MAX_QUOTED_GROUPS, MAX_QUOTED_GROUP_BYTES)
+        # digest of a pod's content -> its decision_job (``_job``)
+        self._specs: BoundedMemo[Job] = BoundedMemo(MAX_JOBS, MAX_JOB_BYTES)
         # The target workload for the fragmentation score, learned from the pods /filter sees.
         self.workload = WorkloadTracker()
         self._workload_lock = threading.Lock()
@@ -201,25 +228,34 @@ class ExtenderService:
             if groups is not None and states is not None:
                 return states, groups
             states, keys, oldest = self._index_lookup(idx, names, resource)
-            memo.states[shift] = states
+            memo.keep(shift, states)
             groups = memo.groups[(resource, shift)] = group_nodes(states, keys, names, oldest)
             return states, groups
 
     def _index_lookup(self, idx: _NodeIndex, names: list[str], resource: str | None
                       ) -> tuple[list[NodeState], list[int], float | None]:
         """States, class keys for ``resource`` and the oldest ``observedAt`` of ``names``; only
-        nodes the index lacks are read from the source (builtins over the lists otherwise)."""
+        nodes the index lacks are read from the source (builtins over the lists otherwise).
+        Names the source does not know are looked up anew each time and never kept: they are
+        whatever a client sends, not the cluster's nodes."""
         known = idx.states
         if not all(map(known.__contains__, names)):
             missing = [n for n in names if n not in known]
+            knows = getattr(self.source, "knows", None)
+            strangers: dict[str, NodeState] = {}
             for name, st in zip(missing, self.source.states(missing, None)):
+                if knows is not None and not knows(name):
+                    strangers[name] = st
+                    continue
                 known[name] = st
                 idx.observed[name] = ts = st.view.observed_ts if st.view is not None else math.inf
                 idx.oldest_bound = min(idx.oldest_bound, ts)
-            if len(missing) >= GC_FREEZE_NODES:
+            if len(missing) - len(strangers) >= GC_FREEZE_NODES:
                 # States and keys built for many nodes at once live until those nodes change: out
                 # of the collector's way, as cache.bulk_load does for the cache's own objects.
                 gc.freeze()
+            if strangers:
+                return self._lookup_with_strangers(idx, names, resource, strangers)
         states = list(map(known.__getitem__, names))
         keymap = idx.keys.get(resource)
         if keymap is None:
@@ -238,6 +274,29 @@ class ExtenderService:
             oldest = min(map(idx.observed.__getitem__, names), default=math.inf)
         return states, keys, (None if oldest == math.inf else oldest)  # type: ignore[return-value]
 
+    def _lookup_with_strangers(self, idx: _NodeIndex, names: list[str], resource: str | None,
+                               strangers: dict[str, NodeState]) -> tuple[list[NodeState], list[int], float | None]:
+        """``_index_lookup`` for a list holding names the source does not know (``strangers``:
+        their states for this request only); per node, without the index's shortcuts."""
+        known = idx.states
+        keymap = idx.keys.setdefault(resource, {})
+        states: list[NodeState] = []
+        keys: list[int] = []
+        oldest = math.inf
+        for name in names:
+            st = strangers.get(name)
+            if st is None:
+                st = known[name]
+                key = keymap.get(name)
+                if key is None:
+                    key = keymap[name] = state_key(st, resource)
+                oldest = min(oldest, idx.observed[name])
+            else:
+                key = state_key(st, resource)
+            states.append(st)
+            keys.append(key)
+        return states, keys, (None if oldest == math.inf else oldest)
+
     def job_for(self, engine: Engine, pod: Any) -> Job:
         """The resolved ``pod`` under ``engine`` (remembered as for a filter call)."""
         return self._job(engine, pod)
@@ -250,31 +309,14 @@ class ExtenderService:
         return [n for n, g in zip(names, grouped.group_of) if results[g].passed and not results[g].untouched]
 
     def _job(self, engine: Engine, pod: Any) -> Job:
-        """``engine.job`` for ``pod``, remembered per pod version: kube-scheduler sends the same pod
-        to filter and then to prioritize. A pod without ``uid`` and ``resourceVersion`` is resolved
-        every time."""
+        """``engine.job`` for ``pod``, shared by pods with the same content (a controller's burst;
+        the same pod sent to filter and then to prioritize): a pod is resolved from its
+        namespace, name, annotations and spec, its namespace's labels and the policy
+        (``core.job.resolve_job``), and the name is set apart (``engine.named_job``), so the memo
+        is keyed by a digest of the rest. Nothing a request claims about a pod's identity (uid,
+        resourceVersion) is part of the key: a request forged with another pod's uid gets its
+        own content's job and cannot change what that pod gets."""
         labels = self.namespace_labels_of(pod)
-        meta = pod.get("metadata") if isinstance(pod, dict) else None
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-        if not (isinstance(uid, str) and isinstance(version, str) and uid and version):
-            return self._job_by_content(engine, pod, labels)
-        key = (engine.serial, uid, version, frozenset(labels.items()) if labels is not None else None)
-        with self._jobs_lock:
-            job = self._jobs.get(key)
-        if job is None:
-            job = self._job_by_content(engine, pod, labels)
-            with self._jobs_lock:
-                self._jobs[key] = job
-                if len(self._jobs) > MAX_JOBS:
-                    self._jobs.popitem(last=False)
-        return job
-
-    def _job_by_content(self, engine: Engine, pod: Any, labels: Any) -> Job:
-        """``engine.job``, shared by pods that differ only in name (a burst from one controller):
-        a pod is resolved from its namespace, annotations and spec, the namespace's labels and the
-        policy (``core.job.resolve_job``), so a pod with the same ones gets the same job under its
-        own name (``engine.named_job``)."""
         meta = pod.get("metadata") if isinstance(pod, dict) else None
         if not isinstance(meta, dict):
             return engine.job(pod, labels)
@@ -287,18 +329,12 @@ class ExtenderService:
                                    option=orjson.OPT_SORT_KEYS)
         except TypeError:  # orjson.JSONEncodeError: a value JSON cannot hold; resolve it directly
             return engine.job(pod, labels)
-        key = (engine.serial, content, frozenset(labels.items()) if labels is not None else None)
-        with self._jobs_lock:
-            decision = self._specs.get(key)
-            if decision is not None:
-                self._specs.move_to_end(key)
+        key = (engine.serial, content_digest(content), frozenset(labels.items()) if labels is not None else None)
+        decision = self._specs.get(key)
         if decision is not None:
             return named_job(decision, str(meta.get("name") or ""))
         job = engine.job(pod, labels)
-        with self._jobs_lock:
-            self._specs[key] = decision_job(job)
-            if len(self._specs) > MAX_JOBS:
-                self._specs.popitem(last=False)
+        self._specs.put(key, decision_job(job), len(content) + JOB_OVERHEAD_BYTES)
         return job
 
     def namespace_labels_of(self, pod: Any) -> Any:
@@ -317,16 +353,10 @@ class ExtenderService:
         if grouped.answer_key is None:
             return build()
         key = (verb, grouped.answer_key)
-        with self._answers_lock:
-            body = self._answers.get(key)
-            if body is not None:
-                self._answers.move_to_end(key)
-                return body
-        body = build()
-        with self._answers_lock:
-            self._answers[key] = body
-            if len(self._answers) > MAX_ANSWERS:
-                self._answers.popitem(last=False)
+        body = self._answers.get(key)
+        if body is None:
+            body = build()
+            self._answers.put(key, body, len(body))
         return body
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
@@ -407,22 +437,26 @@ class ExtenderService:
 
     def _encoded_members(self, groups: NodeGroups) -> list[list[bytes]]:
         """Per class of ``groups``, its nodes' names as JSON strings; built once per node list."""
+        encoded = self._quoted_members.get(groups.serial)
+        if encoded is not None:
+            return encoded
         with self._answers_lock:
-            encoded = self._quoted_members.get(groups.serial)
-            if encoded is not None:
-                return encoded
             quoted = self._quoted
-            if len(quoted) > MAX_QUOTED_NAMES:
+            if len(quoted) > MAX_QUOTED_NAMES or self._quoted_bytes > MAX_QUOTED_BYTES:
                 quoted.clear()
+                self._quoted_bytes = 0
             encoded = []
+            size = 0
             for names in groups.members:
                 if not all(map(quoted.__contains__, names)):
-                    quoted.update((n, orjson.dumps(n)) for n in names if n not in quoted)
+                    for n in names:
+                        if n not in quoted:
+                            quoted[n] = q = orjson.dumps(n)
+                            self._quoted_bytes += len(q)
                 encoded.append(list(map(quoted.__getitem__, names)))
-            self._quoted_members[groups.serial] = encoded
-            if len(self._quoted_members) > MAX_QUOTED_GROUPS:
-                self._quoted_members.popitem(last=False)
-            return encoded
+                size += 8 * len(names)  # the list's references; the names are charged to _quoted
+        self._quoted_members.put(groups.serial, encoded, size)
+        return encoded
 
     @staticmethod
     def _filter_body(args: ExtenderArgs, grouped: GroupedResults) -> dict[str, Any]:
