@@ -131,3 +131,20 @@ def test_rotations_of_one_node_list_keep_at_most_a_bounded_number_of_state_lists
         got = filter_(service, p, names[shift:] + names[:shift])
         assert got["NodeNames"]
         assert len(service._node_list.states) <= server.MAX_ROTATIONS
+
+
+def test_full_node_objects_with_ever_new_inventories_keep_a_bounded_number_of_class_verdicts(service, monkeypatch):
+    from scheduler_extender.core import engine as engine_module
+    from tests.factories import example_inventory
+
+    monkeypatch.setattr(engine_module, "MEMO_CLASSES", 50)
+    p = pod({"gpuplace.io/vram": "20Gi"})
+    for i in range(200):  # each request a node the source does not know, with an inventory never seen before
+        inv = example_inventory("gpu-4090-0")
+        inv["nodeName"] = name = f"forged-{i}"
+        inv["gpus"][0]["memoryMiB"] = 24564 - i  # a class of its own
+        node = {"metadata": {"name": name, "annotations": {"gpuplace.io/inventory": json.dumps(inv)}}}
+        got = service.filter(parse_extender_args(json.dumps({"Pod": p, "Nodes": {"items": [node]}}).encode()))
+        assert [n["metadata"]["name"] for n in got["Nodes"]["items"]] == [name]
+    sizes = [len(classes) for classes, _ in service.engine._memo.values()]
+    assert sizes and max(sizes) <= 50
