@@ -18,7 +18,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import ExtenderService, create_app, create_health_app
+from scheduler_extender.server import DEFAULT_DECISION_THREADS, ExtenderService, create_app, create_health_app
 from scheduler_extender.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
 from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                    help="close at once a connection beyond N open ones, per port, so that clients cannot use up "
                         f"the process's file descriptors (default: {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--decision-threads", type=int, default=DEFAULT_DECISION_THREADS, metavar="N",
+                   help="worker threads that parse and decide /filter, /prioritize and /explain requests, so "
+                        "that a large request never holds up /healthz, /readyz, /metrics or the others; requests "
+                        f"beyond N wait for a thread (default: {DEFAULT_DECISION_THREADS})")
     p.add_argument("--debug-endpoints", action=argparse.BooleanOptionalAction, default=False,
                    help="serve GET /debug/allocations on --port: per node, the GPUs the extender believes free "
                         "and held and by which pods (namespace/name of every tenant's GPU pods, to any client "
@@ -153,13 +157,16 @@ class PolicyWatcher:
         threading.Thread(target=self.run, name="policy-watch", daemon=True).start()
 
 
-def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics) -> Any:
-    """Watch unbound GPU pods for the pending-pods gauges (a third watcher beside nodes and pods)."""
+def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics, service: ExtenderService) -> Any:
+    """Watch unbound GPU pods for the pending-pods gauges and the learned workload (a third
+    watcher beside nodes and pods): each such pod counts once in ``service``'s workload, from the
+    API server's view, not from requests."""
     from kubernetes import client
 
     from scheduler_extender.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
     from scheduler_extender.watch import ResourceWatcher
-    pending = PendingGpuPods()
+    pending = PendingGpuPods(on_new=service.observe_pod)
+    service.learn_from_requests = False
     pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
     w = ResourceWatcher("pending-pods", pods, pending, cluster_watch.stop_event,  # type: ignore[arg-type]
                         field_selector=PENDING_FIELD_SELECTOR, on_relist=lambda kind: metrics.relists.labels(kind).inc())
@@ -223,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--header-timeout-seconds {args.header_timeout_seconds:g}: must be more than 0")
         if args.max_connections < 1:
             raise UsageError(f"--max-connections {args.max_connections}: must be at least 1")
+        if args.decision_threads < 1:
+            raise UsageError(f"--decision-threads {args.decision_threads}: must be at least 1")
         if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
             raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
         if args.watch_timeout_seconds < 1:
@@ -285,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                              watch_timeout_seconds=args.watch_timeout_seconds)
         watch.start()
-        pending = _start_pending_watch(watch, metrics)
 
     service = ExtenderService(engine, source, metrics)
+    if not args.inventory_dir:
+        pending = _start_pending_watch(watch, metrics, service)
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
     background: list[Callable[[], Awaitable[None]]] = []
     if args.requeue_rejected_pods and not args.inventory_dir:
@@ -304,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
     http = bounded_http_protocol(args.header_timeout_seconds, args.max_connections)
-    main_config = uvicorn.Config(create_app(service, debug_endpoints=args.debug_endpoints), host=args.host,
+    main_config = uvicorn.Config(create_app(service, debug_endpoints=args.debug_endpoints,
+                                            decision_threads=args.decision_threads), host=args.host,
                                  port=args.port, http=http,
                                  log_level="warning", access_log=False, **ssl_options)
     if ssl_options and args.tls_reload_seconds > 0:

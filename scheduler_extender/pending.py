@@ -2,7 +2,9 @@
 
 Fed by its own list/watch (``ResourceWatcher`` with field selector :data:`PENDING_FIELD_SELECTOR`)
 so that the placement cache stays limited to bound pods. A pod leaves the selector when it is bound
-or finishes, and then arrives as DELETED. Pure state, thread-safe; no I/O.
+or finishes, and then arrives as DELETED. Pure state, thread-safe; no I/O. ``on_new`` (cluster
+mode: ``ExtenderService.observe_pod``, the learned workload) is called, outside the lock, with
+each pod the first time its uid is seen.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from scheduler_extender.cache import CacheStats
 from scheduler_extender.core.requirements import pod_gpu_requests
@@ -38,7 +40,8 @@ class PendingGpuPods:
     """Unbound pods requesting GPUs, by uid. Quacks like the pod half of ``ClusterCache`` for
     ``ResourceWatcher`` (``replace_pods``, ``apply_pod_event``, ``pods_synced``, ``stats``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_new: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+        self._on_new = on_new
         self._lock = threading.Lock()
         self._pods: dict[str, PendingPod] = {}
         self.pods_synced = False
@@ -49,28 +52,37 @@ class PendingGpuPods:
     def _key(meta: Mapping[str, Any]) -> str:
         return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
-    def _set(self, obj: Mapping[str, Any]) -> None:
+    def _set(self, obj: Mapping[str, Any]) -> bool:
+        """Track ``obj``; True when it is a waiting GPU pod not tracked before."""
         meta = obj.get("metadata") or {}
         requests, _ = pod_gpu_requests(obj)
         if (obj.get("spec") or {}).get("nodeName") or not requests:
             self._pods.pop(self._key(meta), None)
-            return
-        self._pods[self._key(meta)] = PendingPod(requests, _created(meta))
+            return False
+        key = self._key(meta)
+        new = key not in self._pods
+        self._pods[key] = PendingPod(requests, _created(meta))
+        return new
 
     def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
             self.stats.pod_events += 1
             if event_type == "DELETED":
                 self._pods.pop(self._key(obj.get("metadata") or {}), None)
-            else:
-                self._set(obj)
+                return
+            new = self._set(obj)
+        if new and self._on_new is not None:
+            self._on_new(obj)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:
+            before = set(self._pods)
             self._pods.clear()
-            for obj in objs:
-                self._set(obj)
+            fresh = [obj for obj in objs if self._set(obj) and self._key(obj.get("metadata") or {}) not in before]
             self.pods_synced = True
+        if self._on_new is not None:
+            for obj in fresh:
+                self._on_new(obj)
 
     def waits(self, uid: str) -> bool | None:
         """Whether the pod with ``uid`` is unbound and requests GPUs; None until the first list."""

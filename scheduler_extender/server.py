@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
+import anyio
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -87,6 +88,11 @@ MAX_QUOTED_GROUP_BYTES = 64 * 2**20
 
 MAX_BODY_BYTES = 64 * 2**20
 """A NodeList of 15,000 nodes with inventory annotations is ~40 MiB; anything larger is refused."""
+
+DEFAULT_DECISION_THREADS = 4
+"""Worker threads deciding requests (``create_app``). Decisions hold the GIL, so more threads add
+no throughput; a few let a short request pass a long one, and requests beyond them wait for a
+thread without holding up the event loop."""
 
 
 @dataclass
@@ -161,9 +167,12 @@ class ExtenderService:
         self._quoted_members: BoundedMemo[list[list[bytes]]] = BoundedMemo(MAX_QUOTED_GROUPS, MAX_QUOTED_GROUP_BYTES)
         # digest of a pod's content -> its decision_job (``_job``)
         self._specs: BoundedMemo[Job] = BoundedMemo(MAX_JOBS, MAX_JOB_BYTES)
-        # The target workload for the fragmentation score, learned from the pods /filter sees.
+        # The target workload for the fragmentation score: learned from the pods /filter sees
+        # (static mode), or from the API server's waiting GPU pods (cluster mode, ``observe_pod``),
+        # where a request, which anyone reaching the port can send, must not move it.
         self.workload = WorkloadTracker()
         self._workload_lock = threading.Lock()
+        self.learn_from_requests = True
         # Pods /filter passed no node for, requeued when a change lets one pass (cluster mode).
         self.requeue: Requeuer | None = None
 
@@ -175,6 +184,16 @@ class ExtenderService:
         uid = meta.get("uid") if isinstance(meta, dict) else None
         with self._workload_lock:
             self.workload.observe(shape, str(uid) if uid else None)
+
+    def observe_pod(self, pod: Any) -> None:
+        """Count ``pod`` (a v1.Pod from the API server: the pending-pods watch) in the learned
+        workload, once per uid; for cluster mode, where requests do not count
+        (``learn_from_requests`` False). Never raises: a pod the policy cannot resolve counts as
+        nothing (``demand_shape`` None)."""
+        try:
+            self._learn(self._job(self.engine, pod), pod)
+        except Exception:  # noqa: BLE001 - the watch thread must go on whatever one pod holds
+            log.exception("learning the workload from a pod failed")
 
     def workload_profile(self) -> WorkloadProfile:
         """The learned target workload's current snapshot (immutable; empty until enough pods were seen)."""
@@ -375,7 +394,8 @@ class ExtenderService:
         job, names, grouped = self._decide_grouped(args)
         results, sizes = grouped.results, grouped.sizes
         passing = sum(n for r, n in zip(results, sizes) if r.passed)
-        self._learn(job, args.Pod)
+        if self.learn_from_requests:
+            self._learn(job, args.Pod)
         m = self.metrics
         if results and all(r.untouched for r in results):
             m.decisions.labels("not_gpu").inc()
@@ -566,10 +586,40 @@ def _error(status: int, message: str) -> Response:
     return Response(dumps({"Error": message}), status_code=status, media_type="application/json")
 
 
-def create_app(service: ExtenderService, *, debug_endpoints: bool = False) -> Starlette:
+def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
+               decision_threads: int = DEFAULT_DECISION_THREADS) -> Starlette:
     """The Starlette application serving ``service``; ``GET /debug/allocations`` only with
-    ``debug_endpoints`` (404 otherwise, like any unknown path)."""
+    ``debug_endpoints`` (404 otherwise, like any unknown path).
+
+    No request blocks the others: the event loop only reads bodies (streamed, refused past
+    ``MAX_BODY_BYTES``) and writes answers; parsing and deciding run on at most
+    ``decision_threads`` worker threads, so ``/healthz``, ``/readyz``, ``/metrics`` and the next
+    request's body are served while a large request is decided. The interpreter hands the GIL
+    between threads every ``sys.getswitchinterval()`` (5 ms), so the loop waits at most about that
+    per step, whatever a worker decides. Each decision is itself linear in the request's size (the
+    parsers are linear, ``core.quantity``; values are capped, ``core.requirements``), so a
+    request's cost is bounded by its size.
+
+    Raises:
+        ValueError: ``decision_threads`` below 1.
+    """
+    if decision_threads < 1:
+        raise ValueError(f"decision threads must be at least 1, got {decision_threads}")
     m = service.metrics
+    limiter = anyio.CapacityLimiter(decision_threads)
+
+    def decide(name: str, fn: Any, parse: Any, body: bytes) -> tuple[int, bytes]:
+        """(status, JSON body) of one verb; runs on a worker thread."""
+        try:
+            args = parse(body)
+        except WireError as e:
+            return 400, dumps({"Error": str(e)})
+        try:
+            result = fn(args)
+        except Exception as e:  # noqa: BLE001 - never take the server down for one pod
+            log.exception("%s failed", name)
+            return 500, dumps({"Error": f"internal error in {name}: {type(e).__name__}: {e}"})
+        return 200, result if isinstance(result, bytes) else dumps(result)
 
     def verb(name: str, fn: Any, parse: Any = parse_extender_args) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -585,25 +635,16 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False) -> St
                     # An aborted upload is nobody's error to answer: counted, not logged as a crash.
                     code = 499
                     return _error(499, "client disconnected before sending the whole body")
-                try:
-                    args = parse(body)
-                except WireError as e:
-                    code = 400
-                    return _error(400, str(e))
-                try:
-                    result = fn(args)
-                except Exception as e:  # noqa: BLE001 - never take the server down for one pod
-                    code = 500
-                    log.exception("%s failed", name)
-                    return _error(500, f"internal error in {name}: {type(e).__name__}: {e}")
-                return Response(result if isinstance(result, bytes) else dumps(result), media_type="application/json")
+                code, answer = await anyio.to_thread.run_sync(decide, name, fn, parse, body, limiter=limiter)
+                return Response(answer, status_code=code, media_type="application/json")
             finally:
                 m.requests.labels(name, str(code)).inc()
                 m.request_duration.labels(name).observe(time.perf_counter() - start)
         return endpoint
 
     async def debug_allocations(request: Request) -> Response:
-        return Response(dumps(service.source.allocations()), media_type="application/json")
+        body = await anyio.to_thread.run_sync(lambda: dumps(service.source.allocations()), limiter=limiter)
+        return Response(body, media_type="application/json")
 
     return Starlette(routes=[
         Route("/filter", verb("filter", service.filter_response), methods=["POST"]),

@@ -148,3 +148,39 @@ def test_full_node_objects_with_ever_new_inventories_keep_a_bounded_number_of_cl
         assert [n["metadata"]["name"] for n in got["Nodes"]["items"]] == [name]
     sizes = [len(classes) for classes, _ in service.engine._memo.values()]
     assert sizes and max(sizes) <= 50
+
+
+def cluster_mode(service):
+    """``service`` wired as the extender runs in cluster mode: the learned workload fed by the
+    pending-pods watch (``cli._start_pending_watch``), not by requests."""
+    from scheduler_extender.pending import PendingGpuPods
+
+    pending = PendingGpuPods(on_new=service.observe_pod)
+    service.learn_from_requests = False
+    return pending
+
+
+def test_in_cluster_mode_forged_filter_requests_do_not_move_the_learned_workload(service):
+    cluster_mode(service)
+    for i in range(300):  # each with a uid of its own, as 6,000 fake calls once moved a real pod's score
+        filter_(service, versioned(pod({"gpuplace.io/vram": "70Gi"}, gpus=8, name=f"fake-{i}"), uid=f"fake-{i}"))
+    assert service.workload._count == 0
+    assert service.workload_profile().shapes == ()
+
+
+def test_in_cluster_mode_each_waiting_gpu_pod_counts_once_from_the_api_servers_view(service):
+    pending = cluster_mode(service)
+    pods = [versioned(pod({"gpuplace.io/vram": "20Gi"}, name=f"p{i}"), uid=f"uid-{i}") for i in range(5)]
+    pending.replace_pods(pods)
+    for p in pods:  # the same pods again: a MODIFIED event each, then a relist
+        pending.apply_pod_event("MODIFIED", p)
+    pending.replace_pods(pods)
+    assert service.workload._count == 5
+    pending.apply_pod_event("ADDED", versioned(pod({"gpuplace.io/vram": "20Gi"}, name="p5"), uid="uid-5"))
+    assert service.workload._count == 6
+
+
+def test_in_static_mode_the_pods_filter_sees_are_learned(service):
+    for i in range(3):
+        filter_(service, versioned(pod({"gpuplace.io/vram": "20Gi"}, name=f"p{i}"), uid=f"uid-{i}"))
+    assert service.workload._count == 3

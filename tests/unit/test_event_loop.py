@@ -1,0 +1,107 @@
+"""No request blocks the others: decisions run on worker threads, the event loop stays free for
+the health endpoints and for other requests (``server.create_app``), on a real uvicorn server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.server import ExtenderService, create_app
+from scheduler_extender.sources import StaticSource
+from tests.factories import EXAMPLES, pod
+from tests.harness.controlplane import free_port, wait_for
+
+NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
+
+
+class StuckService(ExtenderService):
+    """``filter_response`` for pods named ``stuck`` waits until ``release`` is set: a stand-in for
+    any decision that takes long, without timing anything."""
+
+    def __init__(self) -> None:
+        super().__init__(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def filter_response(self, args):  # type: ignore[override]
+        if args.Pod["metadata"]["name"] == "stuck":
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the stuck request"
+        return super().filter_response(args)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[StuckService, int]]:
+    service = StuckService()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service, decision_threads=2), host="127.0.0.1", port=port,
+                                          log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 10, message="uvicorn did not start")
+    yield service, port
+    service.release.set()
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def request(port: int, method: str, path: str, body: dict | None = None, timeout: float = 10) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=json.dumps(body) if body is not None else None)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def filter_body(name: str) -> dict:
+    return {"Pod": pod({"gpuplace.io/vram": "20Gi"}, name=name), "NodeNames": NODES}
+
+
+def test_health_endpoints_and_other_pods_are_answered_while_one_request_is_being_decided(served):
+    service, port = served
+    stuck: dict[str, tuple[int, bytes]] = {}
+    t = threading.Thread(target=lambda: stuck.setdefault("r", request(port, "POST", "/filter", filter_body("stuck"),
+                                                                      timeout=60)))
+    t.start()
+    assert service.entered.wait(10), "the stuck request never reached the decision"
+
+    assert request(port, "GET", "/healthz") == (200, b"ok")
+    assert request(port, "GET", "/readyz") == (200, b"ok")
+    assert request(port, "GET", "/metrics")[0] == 200
+    status, body = request(port, "POST", "/filter", filter_body("other"))
+    assert status == 200 and json.loads(body)["NodeNames"]
+    assert "r" not in stuck  # all of that while the first request was still being decided
+
+    service.release.set()
+    t.join(30)
+    status, body = stuck["r"]
+    assert status == 200 and json.loads(body)["NodeNames"]
+
+
+def test_requests_beyond_the_decision_threads_wait_without_holding_up_the_health_endpoints(served):
+    service, port = served
+    answers: list[tuple[int, bytes]] = []
+    threads = [threading.Thread(target=lambda: answers.append(request(port, "POST", "/filter", filter_body("stuck"),
+                                                                        timeout=60))) for _ in range(4)]
+    for t in threads:  # four stuck requests on two threads: two decide, two wait for a thread
+        t.start()
+    assert service.entered.wait(10)
+    assert request(port, "GET", "/healthz") == (200, b"ok")
+    service.release.set()
+    for t in threads:
+        t.join(30)
+    assert [s for s, _ in answers] == [200] * 4
+
+
+def test_fewer_than_one_decision_thread_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        create_app(StuckService(), decision_threads=0)
