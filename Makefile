@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install controlplane images node chart-tools demo test test-unit test-install test-minimums test-e2e test-faults test-load lint clean fuzz bench bench-smoke bench-profile
+.PHONY: help install controlplane images node chart-tools demo test test-unit test-install test-minimums test-e2e test-faults test-load lint clean fuzz soak bench bench-smoke bench-profile
 
 help:
 	@echo "make demo        start a real control plane + mixed GPU cluster, place the example pods, print a table"
@@ -14,7 +14,9 @@ help:
 	@echo "make test-install  build the wheel, pip install it in a fresh venv outside the tree, run its commands"
 	@echo "make test-minimums  the unit tests against the oldest dependency versions pyproject.toml allows"
 	@echo "                 (constraints/minimums.txt, in $(VENV_MIN)/)"
-	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000)"
+	@echo "make fuzz        the property-based bad-input tests with many examples (FUZZ_EXAMPLES, default 5000);"
+	@echo "                 prints the slowest inputs each verb was answered for, with their time"
+	@echo "make soak        hostile traffic against the real extender (SOAK_SECONDS, default 180); prints its RSS over time"
 	@echo "make test-faults fault injection on the real control plane; prints time to converge per fault"
 	@echo "make test-load   2,000 GPU pods x 5 bursts against 500 fake nodes; prints placements and extender RSS"
 	@echo "make install     create $(VENV) and install gpuplace with test extras"
@@ -76,6 +78,10 @@ test-minimums:
 FUZZ_EXAMPLES ?= 5000
 fuzz: install
 	GPUPLACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q tests/unit/test_fuzz.py
+
+SOAK_SECONDS ?= 180
+soak: install
+	$(BIN)/python -m benchmarks.soak_extender --seconds $(SOAK_SECONDS) $(ARGS)
 
 test-e2e: install controlplane node
 	$(BIN)/pytest -q -m e2e

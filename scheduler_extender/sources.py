@@ -49,7 +49,7 @@ class ChangeLog(Protocol):
 
 
 FALLBACK_MEMO_ENTRIES = 50_000
-FALLBACK_MEMO_BYTES = 256 * 2**20
+FALLBACK_MEMO_BYTES = 128 * 2**20
 """Bounds of the parsed-annotation memo. A parsed inventory holds about 9x its JSON text in
 Python objects (measured: 7.8 kB of text for 8 A100s -> 70 kB), so each entry is charged 10x."""
 

@@ -112,3 +112,14 @@ def test_every_floor_stack_answers_that_every_node_passes_and_scores_0():
     answers = [w.split(b"\r\n\r\n", 1) for w in transport.written]
     assert [orjson.loads(a[1]) for a in answers] == [want_filter, want_scores]
     assert all(b"content-length: %d" % len(a[1]) in a[0] for a in answers)
+
+
+def test_the_soak_runs_every_hostile_kind_and_gets_no_server_error():
+    from benchmarks import soak_extender
+
+    lines: list[str] = []
+    got = soak_extender.run(seconds=4, interval=1, out=lines.append)
+    assert got["rows"] and all(r["rss_mib"] for r in got["rows"])
+    assert got["answers_by_status"].get(200) and got["answers_by_status"].get(413)
+    assert not [s for s in got["answers_by_status"] if s >= 500] and not got["client_errors"]
+    assert any(line.startswith("RSS after the first interval") for line in lines)

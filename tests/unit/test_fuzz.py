@@ -3,14 +3,17 @@
 Whatever arrives, the extender never answers 5xx for a client's mistake, keeps serving, and says
 which field is wrong; the parsers raise only their own errors. Example counts are modest so that
 ``make test`` stays fast; ``make fuzz`` runs the same properties with many more examples
-(``GPUPLACE_FUZZ_EXAMPLES``, default 150).
+(``GPUPLACE_FUZZ_EXAMPLES``, default 150) and prints the slowest inputs each verb was answered
+for, with their time (``SLOWEST``), so a parser that turns super-linear shows as a number.
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -29,6 +32,7 @@ from scheduler_extender.core.requirements import KNOWN_ANNOTATIONS
 from scheduler_extender.server import ExtenderService, create_app
 from scheduler_extender.sources import ClusterSource, StaticSource
 from tests.factories import EXAMPLES, ROOT, example_inventory, pod
+from tests.harness.report import report
 
 EXAMPLES_COUNT = int(os.environ.get("GPUPLACE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES_COUNT, deadline=None, derandomize=EXAMPLES_COUNT <= 150,
@@ -52,8 +56,50 @@ numbers = st.one_of(
 scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=40))
 HOSTILE_TEXTS = ["[" * 5000, '{"a":' * 5000, "- " * 5000, "a: &a [*a]", "a: !!python/object/apply:os.system [id]",
                  "\ufeff{}", "\x00", "{" + '"a": 1, ' * 5000 + "}"]
+# Long, Unicode and pathological values: what made the quantity pattern backtrack quadratically
+# ("1" x 8,000 + "x": 6 s) and the compute-capability parser hit Python's integer-digit limit.
+pathological_texts = st.one_of(
+    st.builds(lambda unit, n, tail: unit * n + tail,
+              st.sampled_from(["1", "9", "0", ".", "1.", "e", "E", "Ei", "1e", "7B", ",", "H100,", "１", "٣", "-", " "]),
+              st.integers(min_value=1, max_value=10_000),
+              st.sampled_from(["", "x", "Gi", "B", "e5", ".5", "\x00", "💥", "GiB"])),
+    st.text(alphabet=st.characters(categories=["Nd", "No", "Nl", "Zs", "Cf"]), min_size=1, max_size=60),
+)
 json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=4),
                            max_leaves=12)
+
+
+class Slowest:
+    """The slowest answered inputs of one fuzz test: (seconds, input shown cut), the top few."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self.by_test: dict[str, list[tuple[float, str]]] = {}
+
+    def timed(self, test: str, shown: Any, call: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            heap = self.by_test.setdefault(test, [])
+            text = repr(shown)
+            entry = (time.perf_counter() - start, text[:100] + (f"... ({len(text)} chars)" if len(text) > 100 else ""))
+            (heapq.heappush if len(heap) < self.KEEP else heapq.heappushpop)(heap, entry)
+
+
+SLOWEST = Slowest()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slowest_inputs_report():
+    yield
+    if "GPUPLACE_FUZZ_EXAMPLES" not in os.environ:
+        return  # only `make fuzz` prints them; `make test` runs too few examples to mean anything
+    for test, heap in sorted(SLOWEST.by_test.items()):
+        report(f"fuzz {test}: slowest of {EXAMPLES_COUNT} examples:")
+        for seconds, shown in sorted(heap, reverse=True):
+            report(f"  {seconds * 1000:9.1f} ms  {shown}")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +126,7 @@ def assert_client_error_or_ok(r: Any) -> None:
 @given(body=st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode())))
 def test_any_body_gets_a_400_or_an_answer_never_a_5xx(client, body):
     for verb in ("filter", "prioritize"):
-        assert_client_error_or_ok(client.post(f"/{verb}", content=body))
+        assert_client_error_or_ok(SLOWEST.timed(f"body /{verb}", body, lambda: client.post(f"/{verb}", content=body)))
     still_serving(client)
 
 
@@ -122,9 +168,10 @@ def test_any_pod_and_node_list_shape_gets_a_400_or_an_answer(client, p, names, n
 
 # ---- every pod annotation and the GPU request ------------------------------------------------------
 
-annotation_values = st.one_of(st.text(max_size=30), st.sampled_from([
+annotation_values = st.one_of(st.text(max_size=30), pathological_texts, st.sampled_from([
     "7B", "1e999999999", "1e-9", "-7B", "40Gi", "1e999999999Ei", "0", "-1Gi", "8.0", "99999999999999999999.0",
-    "H100,", ",", " , ", "h100,H20", "nvlink,nvlink", "full-gpu,mig", "ｎｖｌｉｎｋ", "large", "\x00", "💥"]))
+    "H100,", ",", " , ", "h100,H20", "nvlink,nvlink", "full-gpu,mig", "ｎｖｌｉｎｋ", "large", "\x00", "💥",
+    "４０Gi", "７B", "1m", "1" * 8000 + "x", "9" * 5000, "8." + "9" * 5000, "1" * 5000 + ".0"]))
 
 
 @FUZZ
@@ -133,7 +180,8 @@ annotation_values = st.one_of(st.text(max_size=30), st.sampled_from([
        resource=st.sampled_from(["nvidia.com/gpu", "amd.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-bogus"]))
 def test_every_annotation_and_request_is_answered_with_a_reason_that_names_the_field(client, annotations, gpus, resource):
     p = pod(annotations, gpus=gpus, resource=resource)
-    r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": NODES}))
+    body = json.dumps({"Pod": p, "NodeNames": NODES})
+    r = SLOWEST.timed("annotations /filter", annotations, lambda: client.post("/filter", content=body))
     assert r.status_code == 200, r.text[:500]
     got = r.json()
     job = Engine().job(p)
@@ -142,7 +190,8 @@ def test_every_annotation_and_request_is_answered_with_a_reason_that_names_the_f
         for reason in {**got["FailedNodes"], **got["FailedAndUnresolvableNodes"]}.values():
             assert all(str(e) in reason for e in job.errors)
             assert all(e.field.startswith(("gpuplace.io/", "resources")) for e in job.errors)
-    assert client.post("/prioritize", content=json.dumps({"Pod": p, "NodeNames": NODES})).status_code == 200
+    assert SLOWEST.timed("annotations /prioritize", annotations,
+                         lambda: client.post("/prioritize", content=body)).status_code == 200
 
 
 # ---- the inventory annotation ----------------------------------------------------------------------

@@ -215,6 +215,7 @@ def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
      "--tls-cert-file /nonexistent/c.pem: not a readable file"),
     (["--watch-timeout-seconds", "0"], "--watch-timeout-seconds 0: must be at least 1"),
     (["--decision-threads", "0"], "--decision-threads 0: must be at least 1"),
+    (["--max-body-bytes", "0"], "--max-body-bytes 0: must be at least 1"),
 ])
 def test_bad_tls_and_watch_options_exit_2_naming_the_option(argv, mentions, capsys):
     from scheduler_extender.cli import main
