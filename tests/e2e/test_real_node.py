@@ -236,8 +236,8 @@ print(json.dumps(out), flush=True)
 
 
 def test_with_the_chart_defaults_a_pod_in_another_namespace_cannot_call_filter(cluster, installed, api):
-    """A pod in another namespace, holding the serving CA but no client certificate, is refused
-    ``/filter`` in the TLS handshake, while ``/healthz`` on the plain health port answers it (the
+    """A pod in another namespace, holding the serving CA but no client certificate, gets no answer
+    from ``/filter``: the extender aborts the TLS connection, while ``/healthz`` on the plain health port answers it (the
     Service is reachable from there) and the same call with kube-scheduler's client certificate is
     answered: the refusal is mutual TLS, not routing.
 
@@ -269,8 +269,11 @@ def test_with_the_chart_defaults_a_pod_in_another_namespace_cannot_call_filter(c
     result = json.loads(log.strip().splitlines()[-1])
     assert result["healthz"]["status"] == 200, result  # reachable: routing and DNS work from there
     assert result["filter"]["status"] is None, result  # no HTTP answer at all, not even 4xx
-    # The server ends the handshake (an alert, or just closing: Python's asyncio TLS server closes)
-    assert result["filter"]["error"].startswith("SSL"), result
+    # Under TLS 1.3 the client finishes its handshake before the server checks the client
+    # certificate; the server then aborts the connection, which the client sees as an SSL error or
+    # a connection closed before any HTTP answer, depending on timing.
+    assert result["filter"]["error"].split(":")[0] in (
+        "SSLError", "SSLEOFError", "SSLZeroReturnError", "RemoteDisconnected", "ConnectionResetError"), result
     # the control: the same call from the same pod, with kube-scheduler's client certificate, is answered
     assert result["filter_with_client_cert"]["status"] == 200, result
 
