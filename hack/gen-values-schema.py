@@ -56,6 +56,17 @@ EXTRA = {"extraArgs": {"type": "array", "items": s(minLength=1), "description": 
                                                   "properties": {"name": s(minLength=1)}},
                       "description": "Kubernetes EnvVar objects added to the container"}}
 
+LABEL_SELECTOR = obj({"matchLabels": LABELS, "matchExpressions": ANY_LIST})
+# A NetworkPolicyPeer; empty ({}) is refused, as the API server refuses it.
+NETWORK_POLICY_PEERS = {
+    "type": "array",
+    "description": "NetworkPolicyPeer objects: podSelector and/or namespaceSelector, or ipBlock",
+    "items": {**obj({"podSelector": LABEL_SELECTOR, "namespaceSelector": LABEL_SELECTOR,
+                     "ipBlock": obj({"cidr": s(minLength=1), "except": {"type": "array", "items": s(minLength=1)}},
+                                    ("cidr",))}),
+              "minProperties": 1},
+}
+
 
 def fake_inventory_schema(defs: dict[str, Any]) -> dict[str, Any]:
     """The agent's NodeGPUInventory schema, less what the fake probe stamps itself (nodeName,
@@ -98,6 +109,9 @@ def values_schema() -> dict[str, Any]:
                 "healthPort": integer(1, "plain-HTTP port of /healthz, /readyz, /metrics when TLS is on", maximum=65535),
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT, **EXTRA,
+                "debugEndpoints": {"type": "boolean", "description": "serve GET /debug/allocations (--debug-endpoints)"},
+                "networkPolicy": obj({"enabled": {"type": "boolean"}, "extraFrom": NETWORK_POLICY_PEERS,
+                                      "healthFrom": NETWORK_POLICY_PEERS}),
                 "requeue": obj({"enabled": {"type": "boolean"},
                                 "admissionPolicy": obj({"enabled": {"type": "boolean"}})}),
                 "tls": obj({

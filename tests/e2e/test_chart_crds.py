@@ -154,7 +154,10 @@ def test_a_cluster_issuer_reference_is_accepted(crd_cluster):
                     "--set", "extender.tls.certManager.issuerRef.group=cert-manager.io").stdout
     proc = _kubectl(cp, "apply", "--dry-run=server", "--namespace", NS, "-f", "-", stdin=rendered, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "certificate.cert-manager.io/corp-gpuplace-extender-tls created (server dry run)"
+    # the serving certificate, and kube-scheduler's client one (clientAuth is on by default)
+    assert proc.stdout.strip().splitlines() == [
+        "certificate.cert-manager.io/corp-gpuplace-extender-tls created (server dry run)",
+        "certificate.cert-manager.io/corp-gpuplace-scheduler-client-tls created (server dry run)"]
 
 
 def test_uninstall_removes_them(crd_cluster, installed):

@@ -313,7 +313,8 @@ def test_the_extender_token_is_refused_writes_secrets_and_other_configmaps(chart
 # ---- rendering: TLS, non-root, the policy switch -------------------------------------------------
 
 def test_tls_from_a_secret_renders_an_https_scheduler_config_and_mounts_it_read_only(chart):
-    docs = _by_kind_name(_render(chart["helm"], "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=ext-tls"))
+    docs = _by_kind_name(_render(chart["helm"], "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=ext-tls",
+                                 "--set", "extender.tls.clientAuth.enabled=false"))
     config = yaml.safe_load(docs[("ConfigMap", "gpuplace-scheduler-config")]["data"]["config.yaml"])
     ext = config["extenders"][0]
     assert ext["urlPrefix"] == f"https://gpuplace-extender.{NS}.svc:8888"
@@ -365,7 +366,7 @@ def test_a_ca_bundle_in_values_becomes_ca_data_and_client_auth_adds_the_client_c
 
 def test_insecure_skip_verify_sends_no_ca_which_kube_scheduler_would_refuse_alongside_it(chart):
     docs = _by_kind_name(_render(chart["helm"], "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=s",
-                                 "--set", "extender.tls.insecureSkipVerify=true"))
+                                 "--set", "extender.tls.insecureSkipVerify=true", "--set", "extender.tls.clientAuth.enabled=false"))
     ext = yaml.safe_load(docs[("ConfigMap", "gpuplace-scheduler-config")]["data"]["config.yaml"])["extenders"][0]
     assert ext["tlsConfig"] == {"insecure": True}
     sched = docs[("Deployment", "gpuplace-scheduler")]["spec"]["template"]["spec"]
@@ -410,11 +411,11 @@ def test_cert_manager_issues_a_certificate_naming_the_service_into_the_mounted_s
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    (("extender.tls.enabled=true",), "extender.tls.enabled: give the serving certificate's Secret in extender.tls.secretName"),
-    (("extender.tls.enabled=true", "extender.tls.secretName=s", "extender.tls.clientAuth.enabled=true"),
-     "extender.tls.clientAuth.enabled: give kube-scheduler's client certificate Secret"),
-    (("extender.tls.certManager.enabled=true",), "need extender.tls.enabled=true"),
+    (("extender.tls.enabled=false", "extender.tls.certManager.enabled=true"),
+     "extender.tls.certManager.enabled needs extender.tls.enabled=true"),
     (("extender.tls.certManager.issuerRef.kind=Cluster",), "at '/extender/tls/certManager/issuerRef'"),
+    (("scheduler.enabled=false",), "give your kube-scheduler in extender.networkPolicy.extraFrom"),
+    (("extender.networkPolicy.healthFrom[0].namespace=monitoring",), "at '/extender/networkPolicy/healthFrom/0'"),
 ])
 def test_incomplete_tls_values_fail_with_the_value_to_set(chart, values, message):
     args = [a for v in values for a in ("--set", v)]
@@ -508,13 +509,45 @@ def test_without_requeue_the_extender_gets_no_patch_on_pods_and_runs_with_requeu
 
 def test_own_scheduler_mode_with_tls_prints_an_https_extenders_snippet_and_where_the_ca_is(chart):
     out = chart["helm"]("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false",
-                        "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=ext-tls").stdout
+                        "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=ext-tls",
+                        "--set", "extender.networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/24").stdout
     notes = out.split("NOTES:", 1)[1]
     snippet = yaml.safe_load(notes.split("KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1):", 1)[1]
                              .split("tlsConfig.caFile above", 1)[0])
     ext = snippet["extenders"][0]
     assert ext["urlPrefix"] == f"https://own-gpuplace-extender.{NS}.svc:8888" and ext["enableHTTPS"] is True
     assert f"kubectl -n {NS} get secret ext-tls -o jsonpath='{{.data.ca\\.crt}}' | base64 -d" in notes
+    # mutual TLS (the default): where the generated client certificate is, and how to put it in place
+    assert ext["tlsConfig"]["certFile"] == "/etc/kubernetes/gpuplace-scheduler/extender-client/tls.crt"
+    assert (f"kubectl -n {NS} get secret own-gpuplace-scheduler-generated-client-tls -o jsonpath='{{.data.tls\\.crt}}' "
+            "| base64 -d > /etc/kubernetes/gpuplace-scheduler/extender-client/tls.crt") in notes
+    manifest = yaml.safe_load_all(out.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0])
+    assert ("Secret", "own-gpuplace-scheduler-generated-client-tls") in {(d["kind"], d["metadata"]["name"]) for d in manifest if d}
+
+
+def test_the_network_policy_selects_the_extender_pods_and_admits_the_scheduler_and_helm_test_pods_by_their_labels(chart):
+    """Across templates: the policy's selectors match the labels the pods really carry, so that a
+    relabelled pod template cannot silently lock kube-scheduler out (or let everyone in)."""
+    docs = _by_kind_name(_render(chart["helm"]))
+    policy = docs[("NetworkPolicy", "gpuplace-extender")]["spec"]
+
+    def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+        return selector["matchLabels"].items() <= labels.items()
+
+    ext_labels = docs[("Deployment", "gpuplace-extender")]["spec"]["template"]["metadata"]["labels"]
+    sched_labels = docs[("Deployment", "gpuplace-scheduler")]["spec"]["template"]["metadata"]["labels"]
+    test_labels = docs[("Pod", "gpuplace-test-extender")]["metadata"]["labels"]
+    assert selects(policy["podSelector"], ext_labels) and policy["policyTypes"] == ["Ingress"]
+    main, health = policy["ingress"]
+    assert main["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    assert [p for p in main["from"] if selects(p["podSelector"], sched_labels)] == main["from"]  # the scheduler only
+    assert not selects(main["from"][0]["podSelector"], ext_labels) and not selects(main["from"][0]["podSelector"], test_labels)
+    assert health["ports"] == [{"port": 8889, "protocol": "TCP"}]
+    assert {"namespaceSelector": {}} in health["from"] and any(selects(p.get("podSelector", {"matchLabels": {"x": "y"}}), test_labels)
+                                                              for p in health["from"])
+    # the test Pod (mutual TLS: it holds no client certificate) calls the health port only
+    hook_urls = docs[("Pod", "gpuplace-test-extender")]["spec"]["containers"][0]["args"][1:]
+    assert hook_urls == [f"http://gpuplace-extender.{NS}.svc:8889/readyz"]
 
 
 def test_renamed_service_accounts_keep_their_rbac_and_admission_policies(chart, tmp_path):
@@ -527,6 +560,7 @@ def test_renamed_service_accounts_keep_their_rbac_and_admission_policies(chart, 
     core = k8s.CoreV1Api(api)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
     helm("install", release, str(CHART), "--namespace", ns, "--set", "scheduler.enabled=false",
+         "--set", "extender.networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/24",
          "--set", "agent.serviceAccount.name=node-agent", "--set", "extender.serviceAccount.name=gpu-extender")
     try:
         sas = {sa.metadata.name for sa in core.list_namespaced_service_account(ns).items}

@@ -3,12 +3,15 @@ the example pods placed by the scheduler configuration the chart installed, thro
 runs with the chart's ServiceAccount (so its RBAC is exercised) and reads the chart's policy
 ConfigMap. There is no kubelet, so the chart's Deployments never run pods; their configuration is
 read back from the API and run here: the real kube-scheduler binary with the rendered
-KubeSchedulerConfiguration (only the kubeconfig and the extender URL differ off-cluster) and the
-extender with the Deployment's ``--policy-configmap``. Then a real Prometheus scrapes the extender
+KubeSchedulerConfiguration and the extender with the Deployment's arguments. Both use the
+certificates the chart generated at install (its default: HTTPS with mutual TLS), read from its
+Secrets; off-cluster only the kubeconfig, the extender's address and the certificate files' paths
+differ (kube-scheduler still checks the certificate's name, through ``tlsConfig.serverName``). Then a real Prometheus scrapes the extender
 and an agent, and promtool checks their metrics and the chart's alert rules."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -73,20 +76,51 @@ def chart_scheduler(helm_cp, installed):
     create_gpu_nodes(cp, ROOT / "examples" / "cluster", publish="direct")
     ext_deploy = apps.read_namespaced_deployment("gpuplace-extender", NS)
     ext_args = ext_deploy.spec.template.spec.containers[0].args
-    policy_arg = next(a for a in ext_args if a.startswith("--policy-configmap="))
+    # The Secrets the chart generated, as the pods would mount them (each volume's items by path).
+    files = work / "chart-secrets"
+    mounts = {"/etc/gpuplace/tls": "gpuplace-extender-generated-tls",
+              "/etc/gpuplace/client-ca": "gpuplace-scheduler-generated-client-tls",
+              "/etc/kubernetes/gpuplace-scheduler/extender-ca": "gpuplace-extender-generated-tls",
+              "/etc/kubernetes/gpuplace-scheduler/extender-client": "gpuplace-scheduler-generated-client-tls"}
+    for mount, secret in mounts.items():
+        data = core.read_namespaced_secret(secret, NS).data
+        for key, value in data.items():
+            (files / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            (files / mount.lstrip("/") / key).write_bytes(base64.b64decode(value))
+
+    def local(arg: str) -> str:
+        for mount in mounts:
+            arg = arg.replace(mount + "/", str(files / mount.lstrip("/")) + "/")
+        return arg
+
+    health = free_port()
+    local_args = [local(a) for a in ext_args
+                  if a.startswith(("--policy-configmap=", "--tls-")) or a == "--no-requeue-rejected-pods"]
+    client_dir = files / "etc/kubernetes/gpuplace-scheduler/extender-client"
+    # The harness's own probes: the chart's CA and client certificate; the name is checked by
+    # kube-scheduler below (tlsConfig.serverName), the harness calls 127.0.0.1.
+    ctx = ssl.create_default_context(cafile=str(files / "etc/kubernetes/gpuplace-scheduler/extender-ca/ca.crt"))
+    ctx.check_hostname = False
+    ctx.load_cert_chain(client_dir / "tls.crt", client_dir / "tls.key")
     kubeconfig = sa_kubeconfig(cp, api, NS, ext_deploy.spec.template.spec.service_account_name, work / "extender.kubeconfig")
-    extender = start_extender(kubeconfig, cp.logs, extra_args=[policy_arg])
+    extender = start_extender(kubeconfig, cp.logs, ssl_context=ctx,
+                              extra_args=[*local_args, f"--health-port={health}"])
 
     sched_cm = core.read_namespaced_config_map("gpuplace-scheduler-config", NS)
     config = yaml.safe_load(sched_cm.data["config.yaml"])
-    in_cluster_url = config["extenders"][0]["urlPrefix"]
-    config["extenders"][0]["urlPrefix"] = extender.url  # the only change besides the kubeconfig
+    ext = config["extenders"][0]
+    in_cluster_url = ext["urlPrefix"]
+    in_cluster_tls = dict(ext["tlsConfig"])
+    ext["urlPrefix"] = extender.url
+    ext["tlsConfig"] = {**{k: local(v) if isinstance(v, str) else v for k, v in ext["tlsConfig"].items()},
+                        "serverName": f"gpuplace-extender.{NS}.svc"}
     sched_deploy = apps.read_namespaced_deployment("gpuplace-scheduler", NS)
     container = sched_deploy.spec.template.spec.containers[0]
     flags = tuple(a for a in container.args if not a.startswith("--config="))
     cp.add_scheduler(SchedulerSpec(name="gpuplace-scheduler", config=config, extra_args=flags))
     yield {"extender": extender, "config": config, "in_cluster_url": in_cluster_url, "image": container.image,
-           "flags": flags, "extender_args": ext_args}
+           "flags": flags, "extender_args": ext_args, "in_cluster_tls": in_cluster_tls, "health_port": health,
+           "health_url": f"http://127.0.0.1:{health}", "files": files}
     cp.stop_scheduler("gpuplace-scheduler")
     extender.stop()
 
@@ -104,15 +138,55 @@ def test_helm_lint_passes(helm_cp):
 
 
 def test_rendered_chart_passes_a_server_side_dry_run_apply(helm_cp):
+    """The default render, NetworkPolicy and generated Secrets included, as the API server validates it
+    (a release name of its own: the install of this module is not in the way)."""
     cp, _, helm, _ = helm_cp
-    rendered = helm("template", RELEASE, str(CHART), "--namespace", NS,
+    rendered = helm("template", "dry", str(CHART), "--namespace", NS,
                     "--kube-version", K8S_VERSION.lstrip("v")).stdout
     kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
-    assert {"Deployment", "DaemonSet", "ConfigMap", "ClusterRole", "Role", "Service"} <= kinds
+    assert {"Deployment", "DaemonSet", "ConfigMap", "ClusterRole", "Role", "Service", "NetworkPolicy", "Secret"} <= kinds
     proc = subprocess.run([str(cp.binaries.kubectl), "--kubeconfig", str(cp.kubeconfig_path), "apply",
                            "--dry-run=server", "-f", "-"], input=rendered, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "deployment.apps/gpuplace-extender created (server dry run)" in proc.stdout
+    for created in ("deployment.apps/dry-gpuplace-extender", "networkpolicy.networking.k8s.io/dry-gpuplace-extender",
+                    "secret/dry-gpuplace-extender-generated-tls", "secret/dry-gpuplace-scheduler-generated-client-tls"):
+        assert f"{created} created (server dry run)" in proc.stdout, proc.stdout
+
+
+def test_the_generated_certificates_name_the_service_chain_to_their_own_cas_and_survive_an_upgrade(helm_cp, installed):
+    """The serving certificate verifies against its Secret's ca.crt for the Service's DNS names; the
+    client certificate against the other CA only (the serving one cannot pass as a client); and
+    ``helm upgrade`` keeps both Secrets as they are (lookup), so the running pods keep agreeing."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    cp, api, helm, _ = helm_cp
+    core = k8s.CoreV1Api(api)
+
+    def secret(name: str) -> dict[str, bytes]:
+        return {k: base64.b64decode(v) for k, v in core.read_namespaced_secret(name, NS).data.items()}
+
+    serving, client = secret("gpuplace-extender-generated-tls"), secret("gpuplace-scheduler-generated-client-tls")
+    cert = x509.load_pem_x509_certificate(serving["tls.crt"])
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert names == ["gpuplace-extender", f"gpuplace-extender.{NS}", f"gpuplace-extender.{NS}.svc",
+                     f"gpuplace-extender.{NS}.svc.cluster.local"]
+    days = (cert.not_valid_after_utc - cert.not_valid_before_utc).days
+    assert 700 <= days <= 731, days  # about 2 years, as values.yaml says
+
+    def verifies(leaf: bytes, ca: bytes) -> bool:
+        issuer = x509.load_pem_x509_certificate(ca)
+        try:
+            x509.load_pem_x509_certificate(leaf).verify_directly_issued_by(issuer)
+            return True
+        except (ValueError, InvalidSignature):  # another issuer's name, or its key did not sign it
+            return False
+
+    assert verifies(serving["tls.crt"], serving["ca.crt"]) and verifies(client["tls.crt"], client["ca.crt"])
+    assert not verifies(serving["tls.crt"], client["ca.crt"]) and serving["ca.crt"] != client["ca.crt"]
+    helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "--reuse-values")
+    assert secret("gpuplace-extender-generated-tls") == serving
+    assert secret("gpuplace-scheduler-generated-client-tls") == client
 
 
 def test_a_values_typo_fails_install_with_a_schema_message(helm_cp, tmp_path):
@@ -155,7 +229,8 @@ def test_the_charts_scheduler_examines_every_node_unless_told_otherwise(helm_cp,
 
 def test_own_scheduler_mode_leaves_the_scheduler_out_and_prints_the_extenders_snippet(helm_cp):
     _, _, helm, _ = helm_cp
-    out = helm("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false").stdout
+    out = helm("install", "own", str(CHART), "--namespace", NS, "--dry-run", "--set", "scheduler.enabled=false",
+               "--set", "extender.tls.enabled=false", "--set", "extender.networkPolicy.enabled=false").stdout
     manifest, notes = out.split("NOTES:", 1)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(manifest.split("MANIFEST:", 1)[1]) if d}
     assert ("Deployment", "own-gpuplace-extender") in kinds
@@ -200,7 +275,11 @@ def test_service_and_pod_monitors_select_the_extender_service_and_the_agent_pods
 def test_install_creates_the_components_with_the_clusters_scheduler_image(helm_cp, installed, chart_scheduler):
     assert "schedulerName: gpuplace-scheduler" in installed  # NOTES.txt
     assert chart_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
-    assert chart_scheduler["in_cluster_url"] == f"http://gpuplace-extender.{NS}.svc:8888"
+    assert chart_scheduler["in_cluster_url"] == f"https://gpuplace-extender.{NS}.svc:8888"
+    assert chart_scheduler["in_cluster_tls"] == {
+        "insecure": False, "caFile": "/etc/kubernetes/gpuplace-scheduler/extender-ca/ca.crt",
+        "certFile": "/etc/kubernetes/gpuplace-scheduler/extender-client/tls.crt",
+        "keyFile": "/etc/kubernetes/gpuplace-scheduler/extender-client/tls.key"}
     cfg = chart_scheduler["config"]
     ext = cfg["extenders"][0]
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["httpTimeout"]) == \
@@ -243,12 +322,13 @@ def _run_hook(cmd: list[str], env: dict[str, str], hosts: dict[str, str]) -> sub
 
 
 def test_the_helm_test_pod_finds_the_extender_ready(helm_cp, chart_scheduler):
+    """By default (mutual TLS) it holds no client certificate: it asks the plain health port only."""
     _, _, helm, _ = helm_cp
-    port = chart_scheduler["extender"].port
+    port = chart_scheduler["health_port"]
     cmd, env = _hook(helm)
-    proc = _run_hook(cmd, env, {f"gpuplace-extender.{NS}.svc:8888": f"127.0.0.1:{port}"})
+    proc = _run_hook(cmd, env, {f"gpuplace-extender.{NS}.svc:8889": f"127.0.0.1:{port}"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith(f"http://127.0.0.1:{port}/readyz 200"), proc.stdout
+    assert proc.stdout.splitlines() == [f"http://127.0.0.1:{port}/readyz 200 ok"], proc.stdout
 
 
 def test_the_helm_test_pod_verifies_the_extenders_certificate_with_tls(helm_cp, chart_scheduler, tmp_path):
@@ -261,7 +341,8 @@ def test_the_helm_test_pod_verifies_the_extenders_certificate_with_tls(helm_cp, 
     ext = start_extender(work / "extender.kubeconfig", cp.logs, ssl_context=ssl.create_default_context(cafile=str(pki.ca_crt)),
                          extra_args=[*pki.extender_args(require_client_cert=False), "--health-port", str(health), policy_arg])
     try:
-        cmd, env = _hook(helm, "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=gpuplace-extender-tls")
+        cmd, env = _hook(helm, "--set", "extender.tls.enabled=true", "--set", "extender.tls.secretName=gpuplace-extender-tls",
+                         "--set", "extender.tls.clientAuth.enabled=false")
         assert env == {"CA_FILE": "/etc/gpuplace/extender-ca/ca.crt"}  # the Secret's ca.crt, mounted alone
         hosts = {f"gpuplace-extender.{NS}.svc:8888": f"localhost:{ext.port}",
                  f"gpuplace-extender.{NS}.svc:8889": f"localhost:{health}"}
@@ -360,7 +441,7 @@ def prometheus(helm_cp, chart_scheduler):
                               str(ROOT / "examples" / "cluster" / "gpu-h100-0.json"), "--node-name", "gpu-h100-0",
                               "--no-publish", "--metrics-port", str(agent_port), "--interval-seconds", "1"],
                              cwd=ROOT, stdout=agent_log, stderr=subprocess.STDOUT)
-    ext_port = chart_scheduler["extender"].port
+    ext_port = chart_scheduler["health_port"]  # with TLS, Prometheus scrapes the plain health port
     cfg = work / "prometheus.yml"
     cfg.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -461,7 +542,7 @@ def _traffic_waves(api: k8s.ApiClient, waves: int, period: float = 10.0) -> None
 
 def test_promtool_accepts_the_extender_and_agent_metrics(prometheus, chart_scheduler, tmp_path):
     promtool = prometheus["bindir"] / "promtool"
-    for name, base in (("extender", chart_scheduler["extender"].url), ("agent", prometheus["agent_url"])):
+    for name, base in (("extender", chart_scheduler["health_url"]), ("agent", prometheus["agent_url"])):
         with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
             text = r.read().decode()
         proc = subprocess.run([str(promtool), "check", "metrics"], input=text, capture_output=True, text=True)

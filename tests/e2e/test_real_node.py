@@ -8,11 +8,14 @@ source tree: the extender Deployment, the ``gpuplace-scheduler`` Deployment (a k
 built from the same binary as the control plane's) and the agent DaemonSet run as pods, and the
 example pods are placed by that scheduler through that extender over the Service, then run on the
 node. The agent publishes the node's inventory (``agent.probe: fake``, the GPUs from a values
-ConfigMap) with ``allocatedTo`` read from the kubelet's PodResources socket.
+ConfigMap) with ``allocatedTo`` read from the kubelet's PodResources socket. The chart runs with its
+defaults otherwise: HTTPS with mutual TLS between kube-scheduler and the extender, on certificates
+the chart generated at install, and the extender's NetworkPolicy.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -174,6 +177,107 @@ def test_chart_pods_run_and_are_ready_on_the_real_node(cluster, installed, api):
     assert lease.spec.holder_identity
 
 
+def test_with_its_defaults_the_chart_generates_the_certificates_and_kube_scheduler_calls_the_extender_over_mutual_tls(
+        cluster, installed, api):
+    core = k8s.CoreV1Api(api)
+    config = yaml.safe_load(core.read_namespaced_config_map("gpuplace-scheduler-config", NS).data["config.yaml"])
+    ext = config["extenders"][0]
+    assert ext["urlPrefix"] == f"https://gpuplace-extender.{NS}.svc:8888" and ext["enableHTTPS"] is True
+    assert {"caFile", "certFile", "keyFile"} <= set(ext["tlsConfig"]) and ext["tlsConfig"]["insecure"] is False
+    for name in ("gpuplace-extender-generated-tls", "gpuplace-scheduler-generated-client-tls"):
+        secret = core.read_namespaced_secret(name, NS)
+        assert secret.type == "kubernetes.io/tls" and {"tls.crt", "tls.key", "ca.crt"} <= set(secret.data), name
+    args = k8s.AppsV1Api(api).read_namespaced_deployment("gpuplace-extender", NS).spec.template.spec.containers[0].args
+    assert "--tls-client-ca-file=/etc/gpuplace/client-ca/ca.crt" in args and "--debug-endpoints" not in args
+    assert k8s.NetworkingV1Api(api).read_namespaced_network_policy("gpuplace-extender", NS).spec.policy_types == ["Ingress"]
+
+
+#: Run in a pod of another namespace: GET /healthz on the plain health port, then POST /filter to the
+#: HTTPS port with no client certificate, trusting the CA of the extender's serving certificate (so
+#: a failure is the client certificate it lacks, not one it distrusts), and, as the control, the same
+#: request presenting kube-scheduler's client certificate. Prints one JSON line.
+OUTSIDER_SCRIPT = r"""
+import json, os, ssl, sys, time, urllib.request
+host = sys.argv[1]
+out = {}
+deadline = time.monotonic() + 60
+while True:  # the Service's DNS name and endpoints may take a moment
+    try:
+        with urllib.request.urlopen(f"http://{host}:8889/healthz", timeout=5) as r:
+            out["healthz"] = {"status": r.status, "body": r.read(100).decode()}
+        break
+    except Exception as e:
+        if time.monotonic() > deadline:
+            out["healthz"] = {"status": None, "error": f"{type(e).__name__}: {e}"}
+            break
+        time.sleep(2)
+ctx = ssl.create_default_context(cadata=os.environ["CA_PEM"])
+body = json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "outsider"}, "spec": {"containers": []}},
+                   "NodeNames": ["n"]}).encode()
+def post(key, ctx):
+    req = urllib.request.Request(f"https://{host}:8888/filter", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            out[key] = {"status": r.status, "body": r.read(300).decode()}
+    except Exception as e:
+        reason = getattr(e, "reason", e)
+        out[key] = {"status": getattr(e, "code", None), "error": f"{type(reason).__name__}: {e}"}
+post("filter", ctx)
+with open("/tmp/client.crt", "w") as f:
+    f.write(os.environ["CLIENT_CRT"])
+with open("/tmp/client.key", "w") as f:
+    f.write(os.environ["CLIENT_KEY"])
+with_cert = ssl.create_default_context(cadata=os.environ["CA_PEM"])
+with_cert.load_cert_chain("/tmp/client.crt", "/tmp/client.key")
+post("filter_with_client_cert", with_cert)
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_with_the_chart_defaults_a_pod_in_another_namespace_cannot_call_filter(cluster, installed, api):
+    """A pod in another namespace, holding the serving CA but no client certificate, gets no answer
+    from ``/filter``: the extender aborts the TLS connection, while ``/healthz`` on the plain health port answers it (the
+    Service is reachable from there) and the same call with kube-scheduler's client certificate is
+    answered: the refusal is mutual TLS, not routing.
+
+    The node's CNI (Debian's ``bridge`` plugin) does not enforce NetworkPolicy, so this proves the
+    TLS layer only; the chart's NetworkPolicy is checked by rendering (helm-unittest) and by a
+    server-side dry run (``test_helm.py``). On a CNI that enforces it, this pod would not even reach
+    the port."""
+    rc, images, _ = cluster
+    core = k8s.CoreV1Api(api)
+    ca_pem = base64.b64decode(core.read_namespaced_secret("gpuplace-extender-generated-tls", NS).data["ca.crt"]).decode()
+    client = {k: base64.b64decode(v).decode()
+              for k, v in core.read_namespaced_secret("gpuplace-scheduler-generated-client-tls", NS).data.items()}
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="outsider")))
+    core.create_namespaced_pod("outsider", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "caller"},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
+            "name": "caller", "image": f"{images.gpuplace.repository}:{images.gpuplace.tag}",
+            "imagePullPolicy": "Never", "command": ["python3", "-c", OUTSIDER_SCRIPT, f"gpuplace-extender.{NS}.svc"],
+            "env": [{"name": "CA_PEM", "value": ca_pem}, {"name": "CLIENT_CRT", "value": client["tls.crt"]},
+                    {"name": "CLIENT_KEY", "value": client["tls.key"]}]}]}})
+
+    def finished():
+        pod = core.read_namespaced_pod("caller", "outsider")
+        return pod if pod.status.phase in ("Succeeded", "Failed") else None
+
+    pod = wait_for(finished, 180, interval=1, message="the caller pod in namespace outsider did not finish")
+    log = core.read_namespaced_pod_log("caller", "outsider")
+    assert pod.status.phase == "Succeeded", log
+    result = json.loads(log.strip().splitlines()[-1])
+    assert result["healthz"]["status"] == 200, result  # reachable: routing and DNS work from there
+    assert result["filter"]["status"] is None, result  # no HTTP answer at all, not even 4xx
+    # Under TLS 1.3 the client finishes its handshake before the server checks the client
+    # certificate; the server then aborts the connection, which the client sees as an SSL error or
+    # a connection closed before any HTTP answer, depending on timing.
+    assert result["filter"]["error"].split(":")[0] in (
+        "SSLError", "SSLEOFError", "SSLZeroReturnError", "RemoteDisconnected", "ConnectionResetError"), result
+    # the control: the same call from the same pod, with kube-scheduler's client certificate, is answered
+    assert result["filter_with_client_cert"]["status"] == 200, result
+
+
 def test_the_agent_pod_publishes_the_node_inventory(cluster, installed, api):
     rc, _, _ = cluster
     inv = wait_for(lambda: published_inventory(api, rc.node_name), 60, message="no inventory published")
@@ -246,7 +350,9 @@ def test_helm_test_checks_that_the_extender_answers(cluster, installed, helm):
     assert "Phase:          Succeeded" in out.stdout, out.stdout
 
 
-def test_over_https_from_a_secret_pods_are_still_placed(cluster, installed, helm, api):
+def test_over_https_from_a_secret_of_the_users_pods_are_still_placed(cluster, installed, helm, api):
+    """tls.secretName: the serving certificate from the user's Secret; mutual TLS stays on (the
+    default), with the client certificate the chart generated at install, kept by the upgrade."""
     rc, images, work = cluster
     core = k8s.CoreV1Api(api)
     pki = generate_extender_pki(work / "extender-pki", dns_names=(f"gpuplace-extender.{NS}.svc",))
@@ -260,6 +366,10 @@ def test_over_https_from_a_secret_pods_are_still_placed(cluster, installed, helm
     helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "-f", str(vals), "--wait", "--timeout", "5m")
     config = yaml.safe_load(core.read_namespaced_config_map("gpuplace-scheduler-config", NS).data["config.yaml"])
     assert config["extenders"][0]["urlPrefix"].startswith("https://")
+    assert config["extenders"][0]["tlsConfig"]["certFile"]
+    ext_pod = k8s.AppsV1Api(api).read_namespaced_deployment("gpuplace-extender", NS).spec.template.spec
+    assert {v.name: v.secret.secret_name for v in ext_pod.volumes if v.secret} == {
+        "tls": "gpuplace-extender-tls", "client-ca": "gpuplace-scheduler-generated-client-tls"}
     core.delete_namespaced_pod("after-kill", "default", grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod("default", field_selector="metadata.name=after-kill").items,
              60, message="the pod was not deleted")

@@ -68,16 +68,84 @@ app.kubernetes.io/part-of: gpuplace
 {{ include "gpuplace.extender.name" . }}.{{ .Release.Namespace }}.svc
 {{- end }}
 
-{{/* Secret with the extender's serving certificate (tls.crt, tls.key, ca.crt). */}}
+{{/* Whether the chart generates the serving certificate, and kube-scheduler's client certificate
+     (extender.tls with neither a Secret of the user's nor cert-manager): "true" or "". */}}
+{{- define "gpuplace.extender.generatesServingCert" -}}
+{{- with .Values.extender.tls }}{{ if and .enabled (not .certManager.enabled) (not .secretName) }}true{{ end }}{{ end }}
+{{- end }}
+{{- define "gpuplace.extender.generatesClientCert" -}}
+{{- with .Values.extender.tls }}{{ if and .enabled .clientAuth.enabled (not .certManager.enabled) (not .clientAuth.secretName) }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* Secret with the extender's serving certificate (tls.crt, tls.key, ca.crt). The generated one
+     has a name of its own, so that switching to cert-manager never has Helm delete the Secret that
+     cert-manager fills. */}}
 {{- define "gpuplace.extender.tlsSecret" -}}
 {{- if .Values.extender.tls.certManager.enabled }}{{ include "gpuplace.extender.name" . }}-tls
-{{- else }}{{ .Values.extender.tls.secretName }}{{ end }}
+{{- else if .Values.extender.tls.secretName }}{{ .Values.extender.tls.secretName }}
+{{- else }}{{ include "gpuplace.extender.name" . }}-generated-tls{{ end }}
 {{- end }}
 
 {{/* Secret with kube-scheduler's client certificate for the extender (extender.tls.clientAuth). */}}
 {{- define "gpuplace.extender.clientSecret" -}}
 {{- if .Values.extender.tls.certManager.enabled }}{{ include "gpuplace.scheduler.name" . }}-client-tls
-{{- else }}{{ .Values.extender.tls.clientAuth.secretName }}{{ end }}
+{{- else if .Values.extender.tls.clientAuth.secretName }}{{ .Values.extender.tls.clientAuth.secretName }}
+{{- else }}{{ include "gpuplace.scheduler.name" . }}-generated-client-tls{{ end }}
+{{- end }}
+
+{{/* The certificates the chart generates, as JSON {"serving": DATA, "client": DATA} where DATA is a
+     Secret's base64 data (tls.crt, tls.key, ca.crt); a key only where that certificate is generated.
+     `helm upgrade` reuses the Secret already in the cluster (lookup): a new certificate at every
+     upgrade would break the trust between the running extender and kube-scheduler. Each certificate
+     has a CA of its own, whose key is dropped once it has signed: nothing can sign another
+     certificate either side trusts, and the serving certificate cannot pass as a client one (Sprig's
+     genSignedCert marks every certificate for server and client auth). Generated once per render and
+     kept on the root context, so that every template (the Secrets, the pods' checksums) sees the same. */}}
+{{- define "gpuplace.extender.generatedTLS" -}}
+{{- if not (hasKey $ "gpuplaceGeneratedTLS") }}
+{{- $out := dict }}
+{{- $ns := .Release.Namespace }}
+{{- if include "gpuplace.extender.generatesServingCert" . }}
+{{- $secret := include "gpuplace.extender.tlsSecret" . }}
+{{- $data := (lookup "v1" "Secret" $ns $secret).data | default dict }}
+{{- if not (and (index $data "tls.crt") (index $data "tls.key") (index $data "ca.crt")) }}
+{{- $name := include "gpuplace.extender.name" . }}
+{{- $host := include "gpuplace.extender.host" . }}
+{{- $ca := genCA (printf "%s-ca" $name) 3650 }}
+{{- $cert := genSignedCert $host nil (list $name (printf "%s.%s" $name $ns) $host (printf "%s.cluster.local" $host)) 730 $ca }}
+{{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
+{{- end }}
+{{- $_ := set $out "serving" (pick $data "tls.crt" "tls.key" "ca.crt") }}
+{{- end }}
+{{- if include "gpuplace.extender.generatesClientCert" . }}
+{{- $secret := include "gpuplace.extender.clientSecret" . }}
+{{- $data := (lookup "v1" "Secret" $ns $secret).data | default dict }}
+{{- if not (and (index $data "tls.crt") (index $data "tls.key") (index $data "ca.crt")) }}
+{{- $name := include "gpuplace.scheduler.name" . }}
+{{- $ca := genCA (printf "%s-client-ca" $name) 3650 }}
+{{- $cert := genSignedCert $name nil nil 730 $ca }}
+{{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) }}
+{{- end }}
+{{- $_ := set $out "client" (pick $data "tls.crt" "tls.key" "ca.crt") }}
+{{- end }}
+{{- $_ := set $ "gpuplaceGeneratedTLS" $out }}
+{{- end }}
+{{- toJson (get $ "gpuplaceGeneratedTLS") }}
+{{- end }}
+
+{{/* A checksum of the generated certificates for a pod template's annotations: the pods roll when
+     the chart generates new ones (after the Secrets were deleted to rotate them), since kube-scheduler
+     reads its CA and client certificate only at start. Empty when the chart generates none. */}}
+{{- define "gpuplace.extender.generatedTLSChecksum" -}}
+{{- if or (include "gpuplace.extender.generatesServingCert" .) (include "gpuplace.extender.generatesClientCert" .) }}
+{{- include "gpuplace.extender.generatedTLS" . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the `helm test` Pod calls the extender's main port (it holds no client certificate):
+     without TLS, or over HTTPS when the extender demands no client certificate; "true" or "". */}}
+{{- define "gpuplace.test.callsMainPort" -}}
+{{- with .Values.extender.tls }}{{ if or (not .enabled) (and (not .clientAuth.enabled) (not .insecureSkipVerify)) }}true{{ end }}{{ end }}
 {{- end }}
 
 {{/* Whether the chart's kube-scheduler reads the extender's CA from the serving Secret's ca.crt. */}}
