@@ -105,3 +105,43 @@ def test_requests_beyond_the_decision_threads_wait_without_holding_up_the_health
 def test_fewer_than_one_decision_thread_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         create_app(StuckService(), decision_threads=0)
+
+
+def _chunked_post(port: int, megabytes: int) -> int:
+    """POST /filter with a chunked body of ``megabytes`` MiB; the status, or 413 assumed when the
+    server closed mid-upload after answering (read what it answered if we can)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    chunk = b"x" * 2**20
+    sent = 0
+    try:
+        conn.putrequest("POST", "/filter")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        try:
+            for _ in range(megabytes):
+                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += 1
+            conn.send(b"0\r\n\r\n")
+        except OSError:
+            pass  # refused while we were still sending
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def test_a_chunked_30_mb_body_and_a_declared_100_mb_one_are_refused_413_and_the_server_goes_on(served):
+    _, port = served
+    assert _chunked_post(port, 30) == 413
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest("POST", "/filter")
+        conn.putheader("Content-Length", str(100 * 10**6))
+        conn.endheaders()  # and not one byte of the body
+        r = conn.getresponse()
+        assert r.status == 413 and b"exceeds" in r.read()
+    finally:
+        conn.close()
+    status, body = request(port, "POST", "/filter", filter_body("after"))
+    assert status == 200 and json.loads(body)["NodeNames"]
