@@ -18,8 +18,8 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import (DEFAULT_DECISION_THREADS, MAX_BODY_BYTES, ExtenderService, create_app,
-                                       create_health_app)
+from scheduler_extender.server import (DEFAULT_DECISION_THREADS, MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES,
+                                       ExtenderService, create_app, create_health_app)
 from scheduler_extender.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
 from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
 
@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "so far exceeds it; enough for nodeCacheCapable: true at any cluster size, and for full "
                         "NodeLists up to ~5,000 nodes (~2.7 kB per node) (default: "
                         f"{MAX_BODY_BYTES} = {MAX_BODY_BYTES // 2**20} MiB)")
+    p.add_argument("--max-inflight-body-bytes", type=int, default=MAX_INFLIGHT_BODY_BYTES, metavar="BYTES",
+                   help="bound on the request bodies held at once over all connections (being read, or waiting "
+                        "for or in a decision); a body that would exceed it is answered 503 with Retry-After, "
+                        "and kube-scheduler retries the pod; at least --max-body-bytes (default: "
+                        f"{MAX_INFLIGHT_BODY_BYTES} = {MAX_INFLIGHT_BODY_BYTES // 2**20} MiB)")
     p.add_argument("--debug-endpoints", action=argparse.BooleanOptionalAction, default=False,
                    help="serve GET /debug/allocations on --port: per node, the GPUs the extender believes free "
                         "and held and by which pods (namespace/name of every tenant's GPU pods, to any client "
@@ -238,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--max-connections {args.max_connections}: must be at least 1")
         if args.max_body_bytes < 1:
             raise UsageError(f"--max-body-bytes {args.max_body_bytes}: must be at least 1")
+        if args.max_inflight_body_bytes < args.max_body_bytes:
+            raise UsageError(f"--max-inflight-body-bytes {args.max_inflight_body_bytes}: must be at least "
+                             f"--max-body-bytes ({args.max_body_bytes})")
         if args.decision_threads < 1:
             raise UsageError(f"--decision-threads {args.decision_threads}: must be at least 1")
         if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
@@ -324,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     http = bounded_http_protocol(args.header_timeout_seconds, args.max_connections)
     main_config = uvicorn.Config(create_app(service, debug_endpoints=args.debug_endpoints,
                                             decision_threads=args.decision_threads,
-                                            max_body_bytes=args.max_body_bytes), host=args.host,
+                                            max_body_bytes=args.max_body_bytes,
+                                            max_inflight_body_bytes=args.max_inflight_body_bytes), host=args.host,
                                  port=args.port, http=http,
                                  log_level="warning", access_log=False, **ssl_options)
     if ssl_options and args.tls_reload_seconds > 0:

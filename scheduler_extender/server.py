@@ -92,6 +92,11 @@ chart's) a body is a pod (at most ~1.5 MiB, etcd's object limit) and node names 
 at most 253 characters: under 4 MiB); a full NodeList (``nodeCacheCapable: false``) is ~2.7 kB per
 node with its inventory, so clusters beyond ~5,000 nodes in that mode need a higher limit."""
 
+MAX_INFLIGHT_BODY_BYTES = 64 * 2**20
+"""Default bound on the request bodies held at once, being read or waiting for or in a decision,
+summed over every connection (``--max-inflight-body-bytes``): without it, 512 connections each
+sending a body just under the limit would hold 8 GiB."""
+
 DEFAULT_DECISION_THREADS = 4
 """Worker threads deciding requests (``create_app``). Decisions hold the GIL, so more threads add
 no throughput; a few let a short request pass a long one, and requests beyond them wait for a
@@ -561,18 +566,45 @@ def explain_pod(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]
     return explain_decision(decision, engine.policy)
 
 
+class BodyBudget:
+    """Bytes of request bodies held at once across all requests (``MAX_INFLIGHT_BODY_BYTES``).
+    Used from the event loop only (``read_body`` and the endpoint that gives the bytes back), so
+    it needs no lock."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        """Hold ``n`` more bytes; False (nothing held) when that would exceed the bound."""
+        if self.used + n > self.max_bytes:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+class ServerBusy(Exception):
+    """The bodies in flight already fill the :class:`BodyBudget`: answered 503, to be retried."""
+
+
 class BodyTooLarge(Exception):
     """A request body over the limit (``create_app``'s ``max_body_bytes``), by its Content-Length
     or as it streams in."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, budget: BodyBudget | None = None) -> bytes:
     """The request body, refused as soon as it is known to exceed ``limit`` bytes: at once when its
     Content-Length says so, else when the chunks read so far do, so at most ``limit`` bytes (plus one
-    chunk) are ever held, whatever a client sends.
+    chunk) are ever held, whatever a client sends. With a ``budget``, the body's bytes are taken
+    from it as they arrive and stay taken when it is returned (the caller gives ``len(body)`` back
+    once done with it); on any error they are given back here.
 
     Raises:
         BodyTooLarge: with the size seen so far.
+        ServerBusy: the budget cannot hold this body's next chunk.
         starlette.requests.ClientDisconnect: the client went away mid-upload.
     """
     declared = request.headers.get("content-length", "")
@@ -581,11 +613,19 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise BodyTooLarge(f"request body of {declared[:20]} bytes exceeds {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body of more than {limit} bytes (at least {size} sent)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            if size + len(chunk) > limit:
+                raise BodyTooLarge(f"request body of more than {limit} bytes (at least {size + len(chunk)} sent)")
+            if budget is not None and not budget.take(len(chunk)):
+                raise ServerBusy(f"extender busy: request bodies in flight would exceed {budget.max_bytes} bytes; "
+                                 "retry shortly")
+            size += len(chunk)  # taken from the budget
+            chunks.append(chunk)
+    except BaseException:
+        if budget is not None:
+            budget.give(size)
+        raise
     return b"".join(chunks)
 
 
@@ -594,7 +634,8 @@ def _error(status: int, message: str) -> Response:
 
 
 def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
-               decision_threads: int = DEFAULT_DECISION_THREADS, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+               decision_threads: int = DEFAULT_DECISION_THREADS, max_body_bytes: int = MAX_BODY_BYTES,
+               max_inflight_body_bytes: int = MAX_INFLIGHT_BODY_BYTES) -> Starlette:
     """The Starlette application serving ``service``; ``GET /debug/allocations`` only with
     ``debug_endpoints`` (404 otherwise, like any unknown path).
 
@@ -602,21 +643,28 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
     ``max_body_bytes``) and writes answers; parsing and deciding run on at most
     ``decision_threads`` worker threads, so ``/healthz``, ``/readyz``, ``/metrics`` and the next
     request's body are served while a large request is decided. A body over ``max_body_bytes`` is
-    answered 413 as soon as that is known, never buffered whole (``read_body``). The interpreter hands the GIL
-    between threads every ``sys.getswitchinterval()`` (5 ms), so the loop waits at most about that
-    per step, whatever a worker decides. Each decision is itself linear in the request's size (the
+    answered 413 as soon as that is known, never buffered whole (``read_body``); bodies held at once,
+    over all connections, are bounded by ``max_inflight_body_bytes`` (beyond it: 503 with
+    ``Retry-After``, which kube-scheduler reports as an extender error and retries the pod). The
+    interpreter hands the GIL between threads every ``sys.getswitchinterval()`` (5 ms), so the loop
+    waits at most about that per step, whatever a worker decides. Each decision is itself linear in the request's size (the
     parsers are linear, ``core.quantity``; values are capped, ``core.requirements``), so a
     request's cost is bounded by its size.
 
     Raises:
-        ValueError: ``decision_threads`` below 1.
+        ValueError: ``decision_threads`` below 1, ``max_body_bytes`` below 1, or
+            ``max_inflight_body_bytes`` below ``max_body_bytes`` (a largest body could never pass).
     """
     if decision_threads < 1:
         raise ValueError(f"decision threads must be at least 1, got {decision_threads}")
     if max_body_bytes < 1:
         raise ValueError(f"max body bytes must be at least 1, got {max_body_bytes}")
+    if max_inflight_body_bytes < max_body_bytes:
+        raise ValueError(f"max in-flight body bytes ({max_inflight_body_bytes}) must be at least the max body "
+                         f"bytes ({max_body_bytes})")
     m = service.metrics
     limiter = anyio.CapacityLimiter(decision_threads)
+    budget = BodyBudget(max_inflight_body_bytes)
 
     def decide(name: str, fn: Any, parse: Any, body: bytes) -> tuple[int, bytes]:
         """(status, JSON body) of one verb; runs on a worker thread."""
@@ -637,15 +685,22 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
             code = 200
             try:
                 try:
-                    body = await read_body(request, max_body_bytes)
+                    body = await read_body(request, max_body_bytes, budget)
                 except BodyTooLarge as e:
                     code = 413
                     return _error(413, str(e))
+                except ServerBusy as e:
+                    code = 503
+                    return Response(dumps({"Error": str(e)}), status_code=503, media_type="application/json",
+                                    headers={"Retry-After": "1"})
                 except ClientDisconnect:
                     # An aborted upload is nobody's error to answer: counted, not logged as a crash.
                     code = 499
                     return _error(499, "client disconnected before sending the whole body")
-                code, answer = await anyio.to_thread.run_sync(decide, name, fn, parse, body, limiter=limiter)
+                try:
+                    code, answer = await anyio.to_thread.run_sync(decide, name, fn, parse, body, limiter=limiter)
+                finally:
+                    budget.give(len(body))
                 return Response(answer, status_code=code, media_type="application/json")
             finally:
                 m.requests.labels(name, str(code)).inc()

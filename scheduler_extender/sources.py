@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -182,6 +184,15 @@ NAMESPACE_MISS_RETRY_SECONDS = 5.0
 """After a failed direct read of a namespace, how long its labels stay unknown before the next
 read: a missing RBAC ``get`` or an API outage must not add a round trip to every filter call."""
 
+NAMESPACE_READS_PER_SECOND = 5.0
+NAMESPACE_READ_BURST = 20
+"""Direct namespace reads, over all names: a token bucket. Requests name namespaces at will, and
+each unknown name would otherwise cost an API round trip on a decision thread; beyond the rate a
+namespace's labels stay unknown (label-selecting tenants deny, kube-scheduler retries the pod)."""
+
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace name: an RFC 1123 DNS label (Kubernetes ``validation.IsDNS1123Label``)."""
+
 
 class ClusterSource:
     """The watch-fed cache; ready after the first full list of nodes, pods and namespaces.
@@ -198,6 +209,21 @@ class ClusterSource:
         self._fallback = _AnnotationFallback(catalog)
         self._read_namespace = read_namespace
         self._namespace_misses: dict[str, float] = {}  # name -> monotonic time of the failed read
+        self._read_tokens = float(NAMESPACE_READ_BURST)
+        self._read_tokens_at = time.monotonic()
+        self._read_lock = threading.Lock()
+
+    def _may_read_namespace(self) -> bool:
+        """Take a token from the direct-read bucket (``NAMESPACE_READS_PER_SECOND``)."""
+        with self._read_lock:
+            now = time.monotonic()
+            self._read_tokens = min(float(NAMESPACE_READ_BURST),
+                                    self._read_tokens + (now - self._read_tokens_at) * NAMESPACE_READS_PER_SECOND)
+            self._read_tokens_at = now
+            if self._read_tokens < 1:
+                return False
+            self._read_tokens -= 1
+            return True
 
     def states(self, names: Sequence[str], node_objects: Sequence[Mapping[str, Any]] | None) -> list[NodeState]:
         objs = _objects_by_name(node_objects) if node_objects is not None else {}
@@ -228,8 +254,12 @@ class ClusterSource:
         labels = self.cache.namespace_labels(namespace)
         if labels is not None or self._read_namespace is None or not self.cache.namespaces_synced:
             return labels
+        if not _NAMESPACE_NAME.fullmatch(namespace):
+            return None  # no namespace has this name: nothing to ask the API server
         missed = self._namespace_misses.get(namespace)
         if missed is not None and time.monotonic() - missed < NAMESPACE_MISS_RETRY_SECONDS:
+            return None
+        if not self._may_read_namespace():
             return None
         obj = self._read_namespace(namespace)
         if obj is None:

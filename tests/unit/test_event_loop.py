@@ -145,3 +145,43 @@ def test_a_chunked_30_mb_body_and_a_declared_100_mb_one_are_refused_413_and_the_
         conn.close()
     status, body = request(port, "POST", "/filter", filter_body("after"))
     assert status == 200 and json.loads(body)["NodeNames"]
+
+
+def test_bodies_beyond_the_in_flight_budget_are_answered_503_and_the_budget_is_given_back():
+    service = StuckService()
+    port = free_port()
+    body = json.dumps(filter_body("stuck")).encode()
+    # Room for two stuck bodies at once, not three.
+    app = create_app(service, decision_threads=4, max_body_bytes=len(body), max_inflight_body_bytes=2 * len(body) + 10)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 10, message="uvicorn did not start")
+    try:
+        answers: list[tuple[int, bytes]] = []
+        stuck = [threading.Thread(target=lambda: answers.append(request(port, "POST", "/filter", filter_body("stuck"),
+                                                                          timeout=60))) for _ in range(2)]
+        for t in stuck:
+            t.start()
+        wait_for(lambda: service.entered.is_set(), 10, message="no stuck request reached the decision")
+        wait_for(lambda: request(port, "POST", "/filter", filter_body("stuck"))[0] == 503, 10,
+                 message="a third body was not refused while two filled the budget")
+        status, text = request(port, "POST", "/filter", filter_body("stuck"))
+        assert status == 503 and b"busy" in text
+        assert request(port, "GET", "/healthz") == (200, b"ok")
+        service.release.set()
+        for t in stuck:
+            t.join(30)
+        assert [s for s, _ in answers] == [200, 200]
+        # Both bodies given back: the next ones pass again.
+        for _ in range(3):
+            assert request(port, "POST", "/filter", filter_body("other"))[0] == 200
+    finally:
+        service.release.set()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_an_in_flight_budget_smaller_than_one_body_is_refused():
+    with pytest.raises(ValueError, match="max in-flight body bytes"):
+        create_app(StuckService(), max_body_bytes=100, max_inflight_body_bytes=99)

@@ -36,3 +36,25 @@ def test_a_namespace_the_watch_has_not_delivered_yet_is_read_directly_once():
     assert source.namespace_labels("new") == {"gpu-team": "a"} and reads == ["new"]  # cached now
     assert source.namespace_labels("gone") is None and source.namespace_labels("gone") is None
     assert reads == ["new", "gone"]  # a failed read is not repeated on every filter call
+
+
+def test_names_no_namespace_can_have_are_never_read_and_direct_reads_are_rate_limited(monkeypatch):
+    from scheduler_extender import sources
+
+    reads = []
+    c = ClusterCache(default_catalog())
+    c.replace_namespaces([])
+    source = ClusterSource(c, default_catalog(), lambda name: reads.append(name))
+    for bad in ("Team-A", "a" * 64, "-a", "a_b", "ns\n", "", "ｔｅａｍ"):
+        assert source.namespace_labels(bad) is None
+    assert reads == []
+    clock = [1000.0]
+    monkeypatch.setattr(sources.time, "monotonic", lambda: clock[0])
+    source = ClusterSource(c, default_catalog(), lambda name: reads.append(name))
+    for i in range(1000):  # a burst of requests naming ever new namespaces
+        assert source.namespace_labels(f"forged-{i}") is None
+    assert len(reads) == sources.NAMESPACE_READ_BURST
+    clock[0] += 2.0
+    for i in range(1000, 2000):
+        source.namespace_labels(f"forged-{i}")
+    assert len(reads) == sources.NAMESPACE_READ_BURST + 2 * sources.NAMESPACE_READS_PER_SECOND

@@ -216,6 +216,7 @@ def test_debug_allocations_shows_static_allocated_to_per_node(tmp_path):
     (["--watch-timeout-seconds", "0"], "--watch-timeout-seconds 0: must be at least 1"),
     (["--decision-threads", "0"], "--decision-threads 0: must be at least 1"),
     (["--max-body-bytes", "0"], "--max-body-bytes 0: must be at least 1"),
+    (["--max-inflight-body-bytes", "1000"], "--max-inflight-body-bytes 1000: must be at least --max-body-bytes"),
 ])
 def test_bad_tls_and_watch_options_exit_2_naming_the_option(argv, mentions, capsys):
     from scheduler_extender.cli import main
@@ -320,3 +321,27 @@ def test_client_sent_names_reach_the_log_cut_and_escaped_so_no_request_forges_a_
         assert "\n" not in line and "\r" not in line
         assert "evil\\n2026-11-25 INFO forged line" in line and "characters)" in line
         assert len(line) < 10_000
+
+
+def test_read_body_gives_the_budget_back_when_a_body_is_refused_or_abandoned():
+    import asyncio
+
+    from scheduler_extender.server import BodyBudget, BodyTooLarge, ServerBusy, read_body
+    from starlette.requests import ClientDisconnect
+
+    budget = BodyBudget(1000)
+    request, _ = _request([b"x" * 100] * 5)
+    with pytest.raises(BodyTooLarge):
+        asyncio.run(read_body(request, 250, budget))
+    request, _ = _request([b"{", b"}"], disconnect_after=1)
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(read_body(request, 250, budget))
+    assert budget.used == 0
+    budget.take(950)
+    request, _ = _request([b"x" * 40, b"x" * 40])
+    with pytest.raises(ServerBusy, match="busy"):
+        asyncio.run(read_body(request, 250, budget))
+    assert budget.used == 950
+    budget.give(950)
+    request, _ = _request([b"ab", b"cd"])
+    assert asyncio.run(read_body(request, 250, budget)) == b"abcd" and budget.used == 4
