@@ -48,6 +48,8 @@ def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:
             entry["score"] = s.score
             entry["costPerHour"] = round(s.cost_per_hour, 4)
             entry["components"] = {k: {"value": round(v, 4), "weight": weights.get(k)} for k, v in s.components.items()}
+            if s.last_resort:  # scored 0 by the class's lastResortModels rule (core.score)
+                entry["lastResort"] = True
         nodes.append(entry)
     vram = None
     if job.vram is not None:

@@ -62,7 +62,10 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
             comps = " ".join(f"{k}={v:.2f}" + (f"x{weights[k]:g}" if k in weights else "")
                              for k, v in (s.components.items() if s else []))
             units = ", ".join(f"{u.model}{' ' + u.mig_profile if u.mig_profile else ''} #{u.gpu_index}" for u in r.chosen)
-            lines.append(f"PASS {r.node:<{width}}  score {s.score if s else 0:>2}  ${s.cost_per_hour if s else 0:.2f}/h  [{units}]  {comps}")
+            last = (f"  -> 0: last resort (class {decision.job.size_class.name} lastResortModels) while other nodes pass"
+                    if s is not None and s.last_resort else "")
+            lines.append(f"PASS {r.node:<{width}}  score {s.score if s else 0:>2}  ${s.cost_per_hour if s else 0:.2f}/h  "
+                         f"[{units}]  {comps}{last}")
         else:
             kind = "FAIL" if r.unresolvable else "BUSY"
             lines.append(f"{kind} {r.node:<{width}}  {r.reason}")

@@ -19,6 +19,11 @@ class Job:
 
     ``vram`` is None when the pod gives neither ``gpuplace.io/vram`` nor
     ``gpuplace.io/model-params``: the need is unknown and no VRAM check applies.
+    ``class_*_models`` are the size class's model lists as catalog ids, except where the pod names
+    its models itself (``gpuplace.io/gpu-models``) and its class was inferred: an explicit request
+    is honored within the namespace's entitlement, never overruled by a guessed size class, so the
+    class's allowed, denied and last-resort models do not apply (a class pinned with
+    ``gpuplace.io/class`` keeps them).
     ``tenancy`` is the entitlement of the pod's namespace (policy ``tenants``), resolved with the
     namespace's labels; ``tenant_denial`` says why the request as a whole is outside it (a class or
     ``gpu-models`` it may not use, or labels needed to decide that are unknown), None otherwise.
@@ -31,6 +36,7 @@ class Job:
     class_reason: str
     class_allowed_models: frozenset[str] | None = None  # catalog ids; None: any model
     class_denied_models: frozenset[str] = frozenset()
+    class_last_resort_models: frozenset[str] = frozenset()  # catalog ids; full GPUs scored last (``score``)
     tenancy: TenantGrant = UNRESTRICTED
     tenant_denial: str | None = None
     cpu_milli: int | None = None  # the pod's CPU request (millicores); None: none given
@@ -114,8 +120,11 @@ def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog,
 
     cpu, memory = pod_host_requests(pod)
     grant = resolve_tenancy(policy.tenants, policy.default_tenant, req.namespace, namespace_labels, catalog)
+    explicit = req.allowed_models is not None and why != A_CLASS
     return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why,
-               class_allowed_models=ids(size_class.allowed_models) if size_class.allowed_models else None,
-               class_denied_models=ids(size_class.denied_models),
+               class_allowed_models=ids(size_class.allowed_models) if size_class.allowed_models and not explicit
+               else None,
+               class_denied_models=frozenset() if explicit else ids(size_class.denied_models),
+               class_last_resort_models=frozenset() if explicit else ids(size_class.last_resort_models),
                tenancy=grant, tenant_denial=tenant_denial(req, size_class, why, grant),
                cpu_milli=cpu, memory_bytes=memory)

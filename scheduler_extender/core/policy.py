@@ -54,6 +54,11 @@ class SizeClass(_Strict):
                                       description="Model tokens for full GPUs; empty: any model.")
     denied_models: list[str] = Field(default_factory=list, alias="deniedModels",
                                      description="Model tokens whose full GPUs this class may not use.")
+    last_resort_models: list[str] = Field(
+        default_factory=list, alias="lastResortModels",
+        description="Model tokens whose full GPUs this class uses only as a last resort: a node where the pod "
+                    "would get one scores 0 while another node that passes would give it none; when every "
+                    "node that passes would, they are scored as usual.")
     mig_allowed: bool = Field(default=True, alias="migAllowed")
     allowed_mig_profiles: list[str] = Field(default_factory=list, alias="allowedMigProfiles",
                                             description="MIG profiles allowed; empty: any.")
@@ -164,7 +169,8 @@ class Policy(_Strict):
             if model_id not in catalog.entries:
                 raise ValueError(f"catalog.{model_id}: not a catalog id (see `gpuplace catalog`)")
         for ci, cls in enumerate(self.classes):
-            for field_name, alias in (("allowed_models", "allowedModels"), ("denied_models", "deniedModels")):
+            for field_name, alias in (("allowed_models", "allowedModels"), ("denied_models", "deniedModels"),
+                                      ("last_resort_models", "lastResortModels")):
                 for ti, token in enumerate(getattr(cls, field_name)):
                     try:
                         catalog.resolve_token(token)

@@ -34,10 +34,20 @@ policy), x10, rounded. Components, in order of default weight:
   the rest order equally fragmenting nodes exactly as without it (with a constant 100 in the mean,
   they would move a score by less than one step). Applies only when the caller passes a
   non-empty ``WorkloadProfile``; a node's unknown (None) CPU or memory is not checked.
+
+Then one rule over the candidates, not a weighted component: **last-resort models** (a size
+class's ``lastResortModels``, e.g. premium GPUs for classes small and medium instead of denying
+them outright with ``deniedModels``). A
+node where the pod would get a full GPU of such a model scores 0 while some other node that passes
+would give it none; those others score at least 1. kube-scheduler multiplies an extender's score by
+its weight x 10 (the chart's weight 10: 100 points a step), more than its own plugins usually tell
+nodes apart by, so an H100 is taken only when no cheaper GPU that fits is free; when every
+candidate is such a node, they are scored as usual.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -57,6 +67,7 @@ class NodeScore:
     score: int
     components: Mapping[str, float]  # component -> value in [0, 1], only those that apply
     cost_per_hour: float
+    last_resort: bool = False  # scored 0: its GPUs are the class's lastResortModels and others pass
 
 
 def placement_cost(units: Sequence[Unit], policy: Policy) -> float:
@@ -216,4 +227,20 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         total_w = sum(weights.values())
         value = sum(weights[k] * comps[k] for k in comps) / total_w if total_w else 0.0
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost))
-    return out
+    return _last_resort(job, gpu_pods, out)
+
+
+def _last_resort(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], scores: list[NodeScore]) -> list[NodeScore]:
+    """The last-resort rule (module doc): nodes whose chosen full GPUs include one of
+    ``job.class_last_resort_models`` score 0 while another candidate's include none."""
+    models = job.class_last_resort_models
+    if not models or not gpu_pods:
+        return scores
+    flagged = {r.node for _, r in gpu_pods
+               if any(u.kind == "gpu" and u.entry is not None and u.entry.id in models for u in r.chosen)}
+    if not flagged or len(flagged) == len({r.node for _, r in gpu_pods}):
+        return scores  # none of them, or nothing else to fall back from
+    chosen = {r.node for _, r in gpu_pods}
+    return [dataclasses.replace(s, score=0, last_resort=True) if s.node in flagged
+            else dataclasses.replace(s, score=max(1, s.score)) if s.node in chosen else s
+            for s in scores]
