@@ -25,17 +25,19 @@ Two ways of being equal, per resource:
   positions, and exactly which positions are held.
 
 A field added to ``NodeState`` is part of every key automatically (except ``HOST_FIELDS``, which
-only the score reads); a criterion that reads a new
-``Unit`` attribute must add it to ``_unit_properties`` (the equivalence tests compare every
-node's grouped decision with the direct one and fail otherwise). An unhashable value makes the
-node its own class: never a wrong merge, only a missed one.
+only the score reads), and so is a field added to ``Unit`` (except the identities and the
+structure in ``STRUCTURAL_UNIT_FIELDS``, which the key holds otherwise): a criterion reading a new
+unit attribute cannot merge units that differ in it. What is left out is named, with why; the
+default is in. An unhashable value makes the node its own class: never a wrong merge, only a
+missed one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Collection, Hashable
+import operator
+from typing import Callable, Collection, Hashable
 
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
 
@@ -49,11 +51,44 @@ _OTHER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeState)
                             if f.name not in ("name", "view", "allocation", *HOST_FIELDS))
 
 
+STRUCTURAL_UNIT_FIELDS = {
+    "uuid": "an identity: no criterion reads it; the key holds positions instead",
+    "gpu_uuid": "an identity (of a MIG device's parent GPU)",
+    "gpu_index": "kept beside the properties, per position (messages name GPU indices)",
+    "allocated_to": "whether a unit is held is the allocation's part of the key",
+    "nvlink_peers": "kept as positions (the topology), not as UUIDs; whether a unit has any is a property",
+}
+"""``Unit`` fields the per-unit properties leave out, and where the key holds them instead. Every
+other field, including one added later, is a property (``unit_key_fields``)."""
+
+_KEY_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Unit], tuple[Hashable, ...]], int | None]] = {}
+
+
+def unit_key_fields(cls: type = Unit) -> tuple[str, ...]:
+    """The fields of a unit class that are part of its properties: all but ``STRUCTURAL_UNIT_FIELDS``."""
+    return _key_getter(cls)[0]
+
+
+def _key_getter(cls: type) -> tuple[tuple[str, ...], Callable[[Unit], tuple[Hashable, ...]], int | None]:
+    found = _KEY_GETTERS.get(cls)
+    if found is None:
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in STRUCTURAL_UNIT_FIELDS)
+        get = operator.attrgetter(*names)
+        found = _KEY_GETTERS[cls] = (names, get if len(names) > 1 else (lambda u: (get(u),)),  # type: ignore[assignment]
+                                     names.index("entry") if "entry" in names else None)
+    return found
+
+
 def _unit_properties(u: Unit) -> tuple[Hashable, ...]:
-    """Everything criteria and score components read from a unit, except UUIDs and GPU index."""
-    return (u.kind, u.vendor, u.name, id(u.entry) if u.entry is not None else None, u.mig_profile, u.memory_bytes,
-            u.healthy, u.health_reason, u.ecc_enabled, u.compute_capability, bool(u.nvlink_peers), u.cost_fraction,
-            u.memory_bandwidth_gbps, u.bf16_tflops)
+    """Everything criteria and score components may read from a unit: every field but
+    ``STRUCTURAL_UNIT_FIELDS``, plus whether it has NVLink peers. The catalog entry counts by
+    identity (one object per model; hashing it would walk its fields)."""
+    _, get, entry_at = _key_getter(type(u))
+    values = list(get(u))
+    if entry_at is not None and values[entry_at] is not None:
+        values[entry_at] = id(values[entry_at])
+    values.append(bool(u.nvlink_peers))
+    return tuple(values)
 
 
 MAX_AUTOMORPHISM_UNITS = 8

@@ -199,3 +199,52 @@ def test_a_state_under_another_nodes_name_and_host_keeps_every_other_field():
     for f in dataclasses.fields(state):
         if f.name not in ("name", "cpu_milli_free", "memory_bytes_free"):
             assert getattr(moved, f.name) is getattr(state, f.name), f.name
+
+
+def _with_units(view, resource, change):
+    """``view`` with ``change(i, unit)`` applied to each unit of ``resource`` (a fresh view, fresh caches)."""
+    units = tuple(change(i, u) for i, u in enumerate(view.units(resource)))
+    return dataclasses.replace(view, units_by_resource={**view.units_by_resource, resource: units})
+
+
+def _h100_state():
+    doc = inventory("h100", with_nvlink_clique([gpu(k, name="NVIDIA H100 80GB HBM3", memory_mib=81559) for k in range(8)]))
+    return state_of(doc)
+
+
+def test_every_unit_field_but_the_structural_ones_is_part_of_the_class_key():
+    from scheduler_extender.core.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
+
+    base = _h100_state()
+    resource = "nvidia.com/gpu"
+    one = base.view.units(resource)[0]
+    assert set(unit_key_fields()) == {f.name for f in dataclasses.fields(one)} - set(STRUCTURAL_UNIT_FIELDS)
+    changed = {"kind": "mig", "vendor": "amd", "name": "NVIDIA H100 NVL", "entry": None, "mig_profile": "7g.80gb",
+               "memory_bytes": one.memory_bytes - 1, "healthy": False, "health_reason": "XID 79",
+               "ecc_enabled": not one.ecc_enabled, "compute_capability": (9, 1), "cost_fraction": 0.5,
+               "memory_bandwidth_gbps": 1.0, "bf16_tflops": 1.0}
+    assert set(changed) == set(unit_key_fields()), "a new Unit field: add a value that differs here"
+    same = NodeState("twin", _with_units(base.view, resource, lambda i, u: u), base.allocation)
+    assert state_key(same, resource) == state_key(base, resource)
+    for field, value in changed.items():
+        view = _with_units(base.view, resource, lambda i, u: dataclasses.replace(u, **{field: value}) if i == 3 else u)
+        other = NodeState("other", view, base.allocation)
+        assert state_key(other, resource) != state_key(base, resource), field
+
+
+def test_a_criterion_on_a_new_unit_field_splits_otherwise_identical_gpus_into_classes():
+    @dataclasses.dataclass(frozen=True)
+    class PoweredUnit(type(_h100_state().view.units("nvidia.com/gpu")[0])):
+        power_limit_w: float | None = None
+
+    base = _h100_state()
+    resource = "nvidia.com/gpu"
+
+    def powered(limits):
+        view = _with_units(base.view, resource, lambda i, u: PoweredUnit(
+            **{f.name: getattr(u, f.name) for f in dataclasses.fields(u)}, power_limit_w=limits[i]))
+        return NodeState("p", view, base.allocation)
+
+    full, capped, full_again = powered([700.0] * 8), powered([700.0] * 7 + [350.0]), powered([700.0] * 8)
+    assert state_key(full, resource) == state_key(full_again, resource)
+    assert state_key(full, resource) != state_key(capped, resource)
