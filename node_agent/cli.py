@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--mig-strategy", choices=["none", "single", "mixed"], default=None,
                      help="how the NVIDIA device plugin exposes MIG devices, recorded in the inventory "
                      "(default: none; with --probe fake, the file's)")
+    src.add_argument("--ignore-xids", metavar="LIST", type=_ignored_xids, default=None,
+                     help="XIDs that leave a GPU healthy: '' = the device plugin's application XIDs "
+                     "13,31,43,45,68,109 (default); '48,79' adds to them; '=13,31' exactly these; "
+                     "'all' turns XID health off")
     src.add_argument("--keep-running-without-driver", action="store_true",
                      help="when the NVIDIA driver is unusable, report zero GPUs instead of exiting")
     src.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
@@ -93,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--publish-timeout-seconds", type=_positive, default=30.0,
                      help="with --once: give up publishing after this long, exit 1 (default 30)")
     return p
+
+
+def _ignored_xids(text: str) -> frozenset[int] | str:
+    from node_agent.nvml import parse_ignored_xids
+
+    try:
+        found = parse_ignored_xids(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--ignore-xids: ")) from e
+    return "all" if found is None else found
 
 
 def _positive(text: str) -> float:
@@ -133,8 +147,15 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
             fake = load_fixture(args.nvml_fixture)
         except FixtureError as e:
             raise UsageError(str(e)) from e
-        return NVMLProbe(fake, node_name=node_name, mig_strategy=strategy, numa_lookup=fake.numa_affinity)
-    return NVMLProbe(node_name=node_name, mig_strategy=strategy)
+        return NVMLProbe(library=fake, node_name=node_name, mig_strategy=strategy, numa_lookup=fake.numa_affinity,
+                         **_xid_options(args))
+    return NVMLProbe(node_name=node_name, mig_strategy=strategy, **_xid_options(args))
+
+
+def _xid_options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.ignore_xids is None:
+        return {}
+    return {"ignored_xids": None if args.ignore_xids == "all" else args.ignore_xids}
 
 
 class _DriverlessProbe:

@@ -47,6 +47,12 @@ class MigDevice(_Model):
         alias="allocatedTo",
         description="'namespace/pod' holding this MIG device, '' when free or unknown.",
     )
+    healthy: bool = Field(
+        default=True,
+        description="False when a fault scoped to this MIG device (an XID the driver reports for its "
+        "GPU instance) makes it unfit for new work; the parent GPU's health applies on top.",
+    )
+    health_reasons: list[str] = Field(default_factory=list, alias="healthReasons")
 
 
 class NVLinkPeer(_Model):

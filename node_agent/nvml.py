@@ -21,13 +21,15 @@ Each getter's docstring names the unit and the ``nvidia-smi --query-gpu=`` field
 same number, so a reader can check a value against the tool everyone trusts (the pattern of
 XuehaiPan/nvitop ``nvitop/api/libnvml.py``).
 
-The pynvml module is injected (``NVMLProbe(nvml_module=...)``) so that tests run this exact code
-against ``node_agent.fake_nvml``, which replays published ``nvidia-smi`` outputs.
+Tests run this exact code, and the real pynvml wrappers, over a stand-in for ``libnvidia-ml.so.1``
+(``NVMLProbe(library=...)``, ``node_agent.nvml_standin``) that answers at the C boundary from
+scenarios transcribed from published ``nvidia-smi`` outputs (``node_agent.fake_nvml``).
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import datetime as dt
 import logging
 import threading
@@ -47,11 +49,37 @@ PLACEHOLDER_MEMORY_MIB = 1
 """``memoryMiB`` of a GPU whose memory could not be read. The contract requires a value > 0; such a
 GPU is always ``healthy: false`` with the reason, so no reader places work on it."""
 
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs caused by the application, not the GPU: the GPU stays healthy. The same list as NVIDIA
 k8s-device-plugin (``internal/rm/health.go`` ``applicationErrorXids``): 13 graphics engine
 exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video
-processor exception (NVIDIA "XID Errors" guide)."""
+processor exception, 109 context switch timeout (NVIDIA "XID Errors" guide). Operators change
+the set with ``--ignore-xids`` (``parse_ignored_xids``), as the device plugin's
+``DP_DISABLE_HEALTHCHECKS`` does."""
+
+
+def parse_ignored_xids(text: str | None) -> frozenset[int] | None:
+    """The XIDs that do not make a GPU unhealthy, from an operator's setting.
+
+    ``""``/None: ``APPLICATION_XIDS``. ``"all"``: every XID (health from XIDs off; returns None).
+    ``"48,79"`` or ``"+48,79"``: ``APPLICATION_XIDS`` plus these. ``"=13,31"``: exactly these.
+    Raises ``ValueError`` naming the accepted forms on anything else.
+    """
+    text = (text or "").strip()
+    if not text:
+        return APPLICATION_XIDS
+    if text.lower() == "all":
+        return None
+    exact = text.startswith("=")
+    body = text.lstrip("=+")
+    try:
+        numbers = frozenset(int(part) for part in body.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--ignore-xids: {text!r} is not 'all', a comma-separated list of XID numbers "
+                         "('48,79' adds to the defaults), or '=13,31' (exactly these)") from None
+    if any(n < 0 or n > 0xFFFF for n in numbers):
+        raise ValueError(f"--ignore-xids: XID numbers are 0-65535, got {text!r}")
+    return numbers if exact else APPLICATION_XIDS | numbers
 
 CORES_PER_SM = {
     (3, 0): 192, (3, 2): 192, (3, 5): 192, (3, 7): 192,
@@ -66,6 +94,30 @@ CORES_PER_SM = {
 samples (``Common/helper_cuda.h`` ``_ConvertSMVer2Cores``). Used to derive the SM count of a full
 GPU from ``nvmlDeviceGetNumGpuCores`` when NVML has no direct answer: A100 6912 / 64 = 108,
 H100 SXM 16896 / 128 = 132, RTX 4090 16384 / 128 = 128 (CUDA ``deviceQuery`` on those cards)."""
+
+
+GPU_FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+"""nvml.h ``NVML_GPU_FABRIC_STATE_*``: a GPU's registration with NVIDIA Fabric Manager."""
+
+
+class _GpuFabricInfoV2(ctypes.Structure):
+    """nvml.h ``nvmlGpuFabricInfo_v2_t`` (``nvmlGpuFabricInfoV_t``), declared here rather than taken
+    from pynvml: nvidia-ml-py releases up to about 12.560 declared ``clusterUuid`` with the wrong
+    size, so reading through their struct gives garbage. ``state`` is an ``unsigned char``."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte), ("healthMask", ctypes.c_uint)]
+
+
+class _GpuFabricInfoV1(ctypes.Structure):
+    """nvml.h ``nvmlGpuFabricInfo_t``, for drivers without ``nvmlDeviceGetGpuFabricInfoV`` (R525-R535)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_ubyte)]
+
+
+GPU_FABRIC_INFO_V2 = ctypes.sizeof(_GpuFabricInfoV2) | (2 << 24)
+"""nvml.h ``nvmlGpuFabricInfo_v2`` = ``NVML_STRUCT_VERSION(GpuFabricInfo, 2)`` = 0x02000024."""
 
 
 class NVMLUnavailable(RuntimeError):
@@ -159,12 +211,14 @@ _MISSING_FUNCTION = -1  # our code for "pynvml has no such function" (nvidia-ml-
 class NVMLSession:
     """Lazy, thread-safe ``nvmlInit``; the one door every NVML call goes through.
 
-    ``module`` is pynvml or a stand-in with the same names (``node_agent.fake_nvml``); when None,
-    pynvml is imported on first use.
+    ``module`` is pynvml (imported on first use when None). ``library`` replaces the
+    ``libnvidia-ml.so.1`` pynvml would load: the stand-in of ``node_agent.nvml_standin``, which
+    tests and ``--probe fake-nvml`` run the real pynvml wrappers over.
     """
 
-    def __init__(self, module: Any = None) -> None:
+    def __init__(self, module: Any = None, library: Any = None) -> None:
         self._module = module
+        self._library = library
         self._lock = threading.Lock()
         self._initialized = False
         self._logged: set[tuple[str, str]] = set()
@@ -181,6 +235,15 @@ class NVMLSession:
             self._module = pynvml
         return self._module
 
+    def _install_library(self) -> None:
+        """Put the stand-in library where pynvml keeps the CDLL it loaded (before nvmlInit)."""
+        if self._library is None:
+            return
+        nvml = self.module
+        if getattr(nvml, "nvmlLib", None) is not self._library:
+            nvml.nvmlLib = self._library
+            nvml._nvmlGetFunctionPointer_cache.clear()  # symbols of the previous library
+
     def const(self, name: str, default: int | None = None) -> Any:
         """An NVML constant by name; ``default`` when this pynvml is too old to have it."""
         return getattr(self.module, name, default)
@@ -193,6 +256,7 @@ class NVMLSession:
             if self._initialized:
                 return
             nvml = self.module
+            self._install_library()
             try:
                 nvml.nvmlInit()
             except nvml.NVMLError as e:
@@ -280,6 +344,33 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def match_mig_profile(profiles: list[Any], attrs: Any) -> Any | None:
+    """The GPU instance profile of a MIG device, from what an unprivileged process can read: the
+    device's attributes (``nvmlDeviceGetAttributes``: GPU instance slices, memory, shared media
+    engines) against the GPU's profile table (``nvmlDeviceGetGpuInstanceProfileInfoV``).
+
+    The slice count must match. Drivers do not report a device's memory equal to the table's to
+    the MiB (a 3g.40gb device at 40448 MiB against the table's 40192), so among the profiles with
+    those slices the nearest in memory wins, within 12.5 % (1g.10gb and 1g.20gb are 2x apart);
+    where media engines tell variants apart (``1g.10gb+me`` owns a decoder, JPEG and OFA engine the
+    plain 1g.10gb lacks) a profile with the device's counts is preferred, and the plain profile
+    before a ``+`` variant when nothing tells them apart. None when nothing fits."""
+    slices = int(attrs.gpuInstanceSliceCount)
+    memory = int(attrs.memorySizeMB)
+    engines = (int(getattr(attrs, "sharedDecoderCount", 0)), int(getattr(attrs, "sharedJpegCount", 0)),
+               int(getattr(attrs, "sharedOfaCount", 0)))
+    candidates = [p for p in profiles if int(p.sliceCount) == slices and int(p.memorySizeMB) > 0
+                  and abs(int(p.memorySizeMB) - memory) <= int(p.memorySizeMB) / 8]
+    if not candidates:
+        return None
+
+    def rank(p: Any) -> tuple[int, int, bool]:
+        p_engines = (int(getattr(p, "decoderCount", 0)), int(getattr(p, "jpegCount", 0)), int(getattr(p, "ofaCount", 0)))
+        return (abs(int(p.memorySizeMB) - memory), p_engines != engines, "+" in _text(p.name))
+
+    return min(candidates, key=rank)
+
+
 @dataclass
 class _Link:
     """One active NVLink of a GPU: what is at the other end."""
@@ -294,6 +385,7 @@ class _RawGPU:
 
     fields: dict[str, Any]
     reasons: list[str] = field(default_factory=list)
+    instances: dict[int, int] = field(default_factory=dict)  # GPU instance id -> index in migDevices
     bus: tuple[int, int, int, int] | None = None
     links: list[_Link] = field(default_factory=list)
 
@@ -302,29 +394,34 @@ class NVMLProbe:
     """Reads every GPU through NVML and returns a ``NodeGPUInventory``.
 
     Args:
-        nvml_module: pynvml, or ``node_agent.fake_nvml.FakeNVML`` in tests; None imports pynvml.
+        nvml_module: the pynvml module; None imports it.
+        library: a stand-in for ``libnvidia-ml.so.1`` (``node_agent.nvml_standin``); None loads the driver's.
         node_name: the Node this agent runs on.
         mig_strategy: how the NVIDIA device plugin exposes MIG devices, recorded as is.
         numa_lookup: CPU NUMA node of a PCI bus id when NVML has none; default reads sysfs.
         watch_xids: register for NVML XID events and mark GPUs with a critical XID unhealthy.
+        ignored_xids: XIDs that leave a GPU healthy (``parse_ignored_xids``); None ignores all.
     """
 
     def __init__(
         self,
         nvml_module: Any = None,
         *,
+        library: Any = None,
         node_name: str,
         mig_strategy: MigStrategy = "none",
         numa_lookup: NumaLookup | None = None,
         watch_xids: bool = True,
+        ignored_xids: frozenset[int] | None = APPLICATION_XIDS,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
     ) -> None:
-        self.nvml = NVMLSession(nvml_module)
+        self.nvml = NVMLSession(nvml_module, library)
         self.node_name = node_name
         self.mig_strategy = mig_strategy
         self._numa_lookup = numa_lookup or sysfs_numa_node
         self._clock = clock
-        self._xids = _XidWatcher(self.nvml) if watch_xids else None
+        # ignored_xids None: the operator turned XID health off (--ignore-xids all).
+        self._xids = _XidWatcher(self.nvml, ignored_xids) if watch_xids and ignored_xids is not None else None
         self._probe_lock = threading.Lock()  # one probe at a time: the XID event set is shared
 
     # ---- node-level getters -------------------------------------------------------------
@@ -390,12 +487,42 @@ class NVMLProbe:
         major, minor = value
         return int(major), int(minor)
 
-    def memory_total_mib(self, h: Any) -> int | None:
+    def memory_total_mib(self, h: Any, quiet: tuple[int, ...] = ()) -> int | None:
         """Total framebuffer memory in MiB (NVML gives bytes). nvidia-smi: ``--query-gpu=memory.total``."""
-        info = self.nvml.call("nvmlDeviceGetMemoryInfo", h)
+        info = self.nvml.call("nvmlDeviceGetMemoryInfo", h, quiet=quiet)
         if info is None or not info.total:
             return None
         return int(info.total) // (1024 * 1024)
+
+    def fabric_reasons(self, h: Any) -> list[str]:
+        """Why the GPU's NVLink fabric is not ready, from its registration with NVIDIA Fabric
+        Manager (``nvmlDeviceGetGpuFabricInfoV``, else ``nvmlDeviceGetGpuFabricInfo``; nvidia-smi
+        -q: "Fabric / State, Status"). On NVSwitch systems (HGX H100/H200/B200) NVML reads normally
+        while registration is not ``completed``, but every CUDA program fails with error 802
+        ("system not yet initialized"), so such a GPU must not get work. A GPU without a fabric
+        (PCIe, NOT_SUPPORTED) and a driver without either function (before R525) give no reason."""
+        quiet = (self.nvml.const("NVML_ERROR_FUNCTION_NOT_FOUND", 13),)
+        info: Any = _GpuFabricInfoV2(version=GPU_FABRIC_INFO_V2)
+        out = self.nvml.invoke("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info))
+        if out.code in quiet:
+            info = _GpuFabricInfoV1()
+            out = self.nvml.invoke("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info))
+        if out.code in quiet or self.nvml.is_code(out, "NVML_ERROR_NOT_SUPPORTED", 3):
+            return []
+        if not out.ok:
+            self.nvml.log_once("nvmlDeviceGetGpuFabricInfoV", out.reason)
+            return []
+        state = int(info.state)
+        if state == 0:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+            return []
+        if state != 3:
+            return [f"NVLink fabric {GPU_FABRIC_STATES.get(state, f'state {state}')}: NVIDIA Fabric Manager has not "
+                    "registered this GPU (CUDA fails with error 802 until it does); start nvidia-fabricmanager "
+                    "on the node (systemctl status nvidia-fabricmanager)"]
+        if int(info.status) != 0:
+            return [f"NVLink fabric registration failed (NVML status {int(info.status)}): see the "
+                    "nvidia-fabricmanager log on the node"]
+        return []
 
     def cuda_cores(self, h: Any) -> int | None:
         """Number of CUDA (FP32) cores; driver R520+ (``nvmlDeviceGetNumGpuCores``). No nvidia-smi
@@ -499,14 +626,25 @@ class NVMLProbe:
         count = self.nvml.const("NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12)
         quiet = (self.nvml.const("NVML_ERROR_INVALID_ARGUMENT", 2),)
         infos = []
+        missing = (self.nvml.const("NVML_ERROR_FUNCTION_NOT_FOUND", 13), _MISSING_FUNCTION)
         for index in range(count):
-            info = self.nvml.call("nvmlDeviceGetGpuInstanceProfileInfo", h, index, quiet=quiet)
+            out = self.nvml.invoke("nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+            if out.code in missing:
+                # A driver before the versioned call (R470): profiles unknown, so MIG devices
+                # are named only through the privileged path; logged once.
+                self.nvml.log_once("nvmlDeviceGetGpuInstanceProfileInfoV", out.reason)
+                break
+            if not out.ok:
+                if out.code not in quiet and not self.nvml.is_code(out, "NVML_ERROR_NOT_SUPPORTED", 3):
+                    self.nvml.log_once("nvmlDeviceGetGpuInstanceProfileInfo", out.reason)
+                continue  # a profile index this GPU does not have
+            info = out.value
             instances = getattr(info, "instanceCount", 1) if info is not None else 0
             if instances:  # 0: the profile exists but this GPU cannot host it
                 infos.append(info)
         return infos
 
-    def mig_devices(self, h: Any, parent_reasons: list[str]) -> list[MigDevice]:
+    def mig_devices(self, h: Any, parent_reasons: list[str], instances: dict[int, int] | None = None) -> list[MigDevice]:
         """Every MIG device of a GPU in MIG mode. nvidia-smi: ``-L`` lists them with UUID and
         profile; ``nvidia-smi`` shows memory and SMs. The profile comes from the GPU instance's
         profile id (needs ``nvmlDeviceGetGpuInstanceById``, a privileged call on some drivers),
@@ -528,32 +666,39 @@ class NVMLProbe:
                 memory = self.memory_total_mib(mh)
             sms = int(attrs.multiprocessorCount) if attrs is not None and attrs.multiprocessorCount else None
             if uuid is None or profile is None or not memory:
-                parent_reasons.append(
-                    f"MIG device in slot {slot} could not be read completely "
-                    f"(uuid={uuid}, profile={profile}, memoryMiB={memory})"
-                )
+                # Left out, and said why; the parent and its other MIG devices are fine.
+                log.warning("MIG device in slot %d of a GPU could not be read completely (uuid=%s, profile=%s, "
+                            "memoryMiB=%s): not published", slot, uuid, profile, memory)
                 continue
+            gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
+            if instances is not None and gi_id is not None:
+                instances[int(gi_id)] = len(devices)
             devices.append(MigDevice(uuid=uuid, profile=profile, memoryMiB=memory, multiprocessors=sms))
         return devices
+
+    def parent_memory_mib(self, h: Any) -> int | None:
+        """Memory of a GPU in MIG mode. Unprivileged, NVML refuses the parent's memory query
+        (NO_PERMISSION: with MIG on, usage is per GPU instance); then the largest GPU instance
+        profile's memory (``7g.80gb``: 80384 MiB on an A100 80GB of 81920), a slight undercount
+        that no decision reads (pods get MIG devices, not the parent, while MIG is on)."""
+        value = self.memory_total_mib(h, quiet=(self.nvml.const("NVML_ERROR_NO_PERMISSION", 4),))
+        if value:
+            return value
+        profiles = self._gpu_instance_profiles(h)
+        return max((int(p.memorySizeMB) for p in profiles), default=None) or None
 
     def _mig_profile(self, h: Any, mh: Any, attrs: Any, by_id: dict[int, Any], profiles: list[Any]) -> str | None:
         gi_profile = None
         gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
         if gi_id is not None:
-            gi = self.nvml.call("nvmlDeviceGetGpuInstanceById", h, gi_id)
+            # Privileged; unprivileged containers get NO_PERMISSION, an expected answer here.
+            gi = self.nvml.call("nvmlDeviceGetGpuInstanceById", h, gi_id,
+                                quiet=(self.nvml.const("NVML_ERROR_NO_PERMISSION", 4),))
             info = self.nvml.call("nvmlGpuInstanceGetInfo", gi) if gi is not None else None
             if info is not None:
                 gi_profile = by_id.get(int(info.profileId))
         if gi_profile is None and attrs is not None:
-            # Unprivileged fallback: the profile with this slice count and memory. "+me" variants
-            # (media extensions) have the same slices and memory; the plain profile is the common one.
-            matches = [
-                p for p in profiles
-                if int(p.sliceCount) == int(attrs.gpuInstanceSliceCount)
-                and int(p.memorySizeMB) == int(attrs.memorySizeMB)
-            ]
-            matches.sort(key=lambda p: "+" in _text(p.name))
-            gi_profile = matches[0] if matches else None
+            gi_profile = match_mig_profile(profiles, attrs)
         if gi_profile is None:
             return None
         name = _text(gi_profile.name).removeprefix("MIG ").strip()
@@ -615,6 +760,15 @@ class NVMLProbe:
         count = self.nvml.call("nvmlDeviceGetCount")
         if count is None:
             raise ProbeError("NVML could not count the GPUs (nvmlDeviceGetCount failed; see log)")
+        if int(count) == 0:
+            # The driver answered, so this is a GPU node; a container that sees none of its GPUs
+            # must not publish "a healthy node with no GPUs".
+            raise ProbeError(
+                "NVML is loaded but this container sees no GPU: run the agent with the NVIDIA runtime "
+                "(runtimeClassName: nvidia, or the default runtime set to nvidia), NVIDIA_VISIBLE_DEVICES=all, "
+                "and, where the container toolkit ignores that variable for unprivileged pods "
+                "(accept-nvidia-visible-devices-envvar-when-unprivileged = false), the device mounts "
+                "(nvidia.com/gpu is not requested by the agent on purpose)")
         raws: list[_RawGPU] = []
         handles: dict[str, Any] = {}
         for index in range(int(count)):
@@ -625,8 +779,10 @@ class NVMLProbe:
         if self._xids is not None:
             self._xids.watch(handles)
             for raw in raws:
-                for xid in sorted(self._xids.critical.get(raw.fields.get("uuid", ""), ())):
+                uuid = raw.fields.get("uuid", "")
+                for xid in sorted(self._xids.critical.get(uuid, ())):
                     raw.reasons.append(f"critical XID {xid} reported since the agent started (reset or drain the GPU)")
+                _mark_mig_xids(raw, {gi: xids for (u, gi), xids in self._xids.mig_critical.items() if u == uuid})
         _resolve_nvlinks(raws)
         gpus = [_build_gpu(raw) for raw in raws]
         return NodeGPUInventory.model_validate({
@@ -663,7 +819,8 @@ class NVMLProbe:
         f["architecture"] = self.architecture(h)
         cc = self.compute_capability(h)
         f["computeCapability"] = f"{cc[0]}.{cc[1]}" if cc else None
-        f["memoryMiB"] = self.memory_total_mib(h)
+        f["migEnabled"] = self.mig_enabled(h)
+        f["memoryMiB"] = self.parent_memory_mib(h) if f["migEnabled"] else self.memory_total_mib(h)
         cores = self.cuda_cores(h)
         f["cudaCores"] = cores
         f["multiprocessors"] = self.multiprocessors(h, cc, cores)
@@ -672,9 +829,25 @@ class NVMLProbe:
         f["powerLimitW"] = self.power_limit_w(h)
         f["numaNode"] = self.numa_node(h, f["pciBusId"])
         raw.reasons.extend(self.health_reasons(h))
-        f["migEnabled"] = self.mig_enabled(h)
-        f["migDevices"] = self.mig_devices(h, raw.reasons) if f["migEnabled"] else []
+        raw.reasons.extend(self.fabric_reasons(h))
+        f["migDevices"] = self.mig_devices(h, raw.reasons, raw.instances) if f["migEnabled"] else []
         raw.links = self.nvlinks(h)
+
+
+def _mark_mig_xids(raw: _RawGPU, by_instance: dict[int, set[int]]) -> None:
+    """MIG devices whose GPU instance reported a critical XID become unhealthy; the GPU does not,
+    unless the instance is not among its MIG devices any more (then the GPU carries the reason)."""
+    migs: list[MigDevice] = raw.fields.get("migDevices") or []
+    for gi, xids in sorted(by_instance.items()):
+        where = raw.instances.get(gi)
+        text = ", ".join(str(x) for x in sorted(xids))
+        if where is None or where >= len(migs):
+            raw.reasons.append(f"critical XID {text} on GPU instance {gi}, which is gone (reset or drain the GPU)")
+            continue
+        migs[where] = migs[where].model_copy(update={
+            "healthy": False,
+            "health_reasons": [f"critical XID {text} reported on this MIG device since the agent started "
+                               "(destroy and recreate its GPU instance, or reset the GPU)"]})
 
 
 def _resolve_nvlinks(raws: list[_RawGPU]) -> None:
@@ -739,6 +912,10 @@ def _build_gpu(raw: _RawGPU) -> GPU:
     return GPU.model_validate(f)
 
 
+NO_GPU_INSTANCE = 0xFFFFFFFF
+"""nvmlEventData_t ``gpuInstanceId`` of an event not scoped to a MIG device (nvml.h)."""
+
+
 class _XidWatcher:
     """Critical XID events (``nvmlEventTypeXidCriticalError``) since the agent started.
 
@@ -752,12 +929,15 @@ class _XidWatcher:
 
     MAX_EVENTS_PER_PROBE = 1024  # bound the drain loop even if a GPU floods events
 
-    def __init__(self, nvml: NVMLSession) -> None:
+    def __init__(self, nvml: NVMLSession, ignored: frozenset[int] = APPLICATION_XIDS) -> None:
         self._nvml = nvml
+        self._ignored = ignored
         self._set: Any = None
         self._registered: set[str] = set()
         self._failed = False
         self.critical: dict[str, set[int]] = {}
+        self.mig_critical: dict[tuple[str, int], set[int]] = {}
+        """XIDs the driver scoped to one GPU instance: (GPU UUID, GPU instance id) -> XIDs."""
 
     def watch(self, handles: dict[str, Any]) -> None:
         nvml = self._nvml
@@ -783,13 +963,18 @@ class _XidWatcher:
                 nvml.log_once("nvmlEventSetWait", out.reason)
                 return
             data = out.value
-            if int(data.eventType) != event or int(data.eventData) in APPLICATION_XIDS:
+            if int(data.eventType) != event or int(data.eventData) in self._ignored:
                 continue
             uuid = nvml.call("nvmlDeviceGetUUID", data.device)
             if uuid is not None:
                 xid = int(data.eventData)
-                log.warning("GPU %s reported critical XID %d", _text(uuid), xid)
-                self.critical.setdefault(_text(uuid), set()).add(xid)
+                gi = int(getattr(data, "gpuInstanceId", NO_GPU_INSTANCE))
+                if gi != NO_GPU_INSTANCE:  # scoped to one MIG device: the rest of the GPU is fine
+                    log.warning("GPU %s, GPU instance %d reported critical XID %d", _text(uuid), gi, xid)
+                    self.mig_critical.setdefault((_text(uuid), gi), set()).add(xid)
+                else:
+                    log.warning("GPU %s reported critical XID %d", _text(uuid), xid)
+                    self.critical.setdefault(_text(uuid), set()).add(xid)
 
 
 def unavailable_inventory(node_name: str, mig_strategy: MigStrategy, now: dt.datetime | None = None) -> NodeGPUInventory:
@@ -812,6 +997,8 @@ __all__ = [
     "NVMLSession",
     "NVMLUnavailable",
     "PLACEHOLDER_MEMORY_MIB",
+    "match_mig_profile",
+    "parse_ignored_xids",
     "ProbeError",
     "format_bus_id",
     "memory_bandwidth_gbps",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from node_agent.inventory import GPU, NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
@@ -61,6 +61,12 @@ class Unit:
         return self.name
 
 
+def _mig_reason(parent_reason: str, mig: Any) -> str:
+    """The parent GPU's reasons, then the MIG device's own (an XID scoped to its GPU instance)."""
+    own = "; ".join(mig.health_reasons) if mig.health_reasons else ("" if mig.healthy else "reported unhealthy")
+    return "; ".join(r for r in (parent_reason, own) if r)
+
+
 def _mig_cost_fraction(entry: CatalogEntry | None, profile: str, memory_mib: int, parent_mib: int) -> float:
     if entry is not None and entry.mig_profiles:
         p = entry.mig_profile(profile)
@@ -96,7 +102,8 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
         migs.append(Unit(
             uuid=m.uuid, kind="mig", gpu_index=gpu.index, gpu_uuid=gpu.uuid, vendor=gpu.vendor,
             name=gpu.name, entry=entry, mig_profile=m.profile, memory_bytes=m.memory_mib * MIB,
-            healthy=gpu.healthy, health_reason=reason, ecc_enabled=gpu.ecc_enabled,
+            healthy=gpu.healthy and m.healthy, health_reason=_mig_reason(reason, m),
+            ecc_enabled=gpu.ecc_enabled,
             compute_capability=cc, nvlink_peers=frozenset(),  # MIG devices have no peer-to-peer
             allocated_to=m.allocated_to, cost_fraction=frac,
             memory_bandwidth_gbps=None if bandwidth is None else bandwidth * frac,

@@ -9,9 +9,10 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from node_agent.fake_nvml import FakeNVML, Fixture
+from node_agent.fake_nvml import Fixture
 from node_agent.inventory import NodeGPUInventory
 from node_agent.nvml import NVMLProbe
+from node_agent.nvml_standin import StandinLibrary
 
 NVML_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 A100_NVSWITCH = NVML_FIXTURES / "a100-sxm4-80gb-x8-nvswitch.yaml"
@@ -27,15 +28,23 @@ def fixture_data(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def fake_from(data: dict[str, Any]) -> FakeNVML:
-    return FakeNVML(Fixture.model_validate(data), source="test")
+LIBRARIES: list[StandinLibrary] = []
+"""Every stand-in built by a test; ``conftest.py`` fails the test if the agent looked up a symbol
+none of them implements or broke nvml.h's contract at their boundary."""
 
 
-def probe_of(fake: FakeNVML, **kwargs: Any) -> NVMLProbe:
+def fake_from(data: dict[str, Any]) -> StandinLibrary:
+    """The stand-in ``libnvidia-ml.so.1`` for a scenario given as plain data."""
+    library = StandinLibrary(Fixture.model_validate(data), source="test")
+    LIBRARIES.append(library)
+    return library
+
+
+def probe_of(fake: StandinLibrary, **kwargs: Any) -> NVMLProbe:
     kwargs.setdefault("node_name", "gpu-node-0")
     kwargs.setdefault("numa_lookup", fake.numa_affinity)
     kwargs.setdefault("clock", lambda: FIXED_NOW)
-    return NVMLProbe(fake, **kwargs)
+    return NVMLProbe(library=fake, **kwargs)
 
 
 @pytest.fixture

@@ -1,3 +1,23 @@
 """pytest fixtures of the node agent tests (helpers live in agent_fixtures.py)."""
 
-from tests.node_agent.agent_fixtures import inventory_of  # noqa: F401  (re-exported as a pytest fixture)
+import pytest
+
+from tests.node_agent.agent_fixtures import LIBRARIES, inventory_of  # noqa: F401  (re-exported as a pytest fixture)
+
+
+@pytest.fixture(autouse=True)
+def _nvml_boundary_kept():
+    """Fail a test whose agent looked up a C symbol the stand-in does not implement (and the
+    scenario's driver was not declared to lack), or broke nvml.h's contract at the boundary."""
+    import pynvml
+
+    LIBRARIES.clear()
+    loaded = pynvml.nvmlLib
+    yield
+    pynvml.nvmlLib = loaded  # a stand-in must not outlive its test in pynvml's module state
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    unimplemented = sorted({name for lib in LIBRARIES for name in lib.unimplemented})
+    violations = [v for lib in LIBRARIES for v in lib.violations]
+    LIBRARIES.clear()
+    assert not unimplemented, f"the agent called NVML symbols the stand-in does not implement: {unimplemented}"
+    assert not violations, f"calls that break nvml.h at the stand-in's boundary: {violations}"

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from node_agent import cli
-from node_agent.fake_nvml import FakeNVML, Fixture
 from node_agent.inventory import ANNOTATION, parse_inventory
 from tests.node_agent.agent_fixtures import A100_MIG, A100_NVSWITCH, fake_from, fixture_data, probe_of
 
@@ -104,8 +103,16 @@ def test_missing_files_are_usage_errors(args, message, capsys):
     assert code == cli.EXIT_USAGE and message in err
 
 
+def _driver_answers(monkeypatch, init_error):
+    """The node's libnvidia-ml, as pynvml finds it, answers nvmlInit with ``init_error``."""
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlLib", fake_from({"initError": init_error, "gpus": []}))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+
+
 def test_no_driver_exits_3_with_a_clear_message(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(Fixture(initError="DRIVER_NOT_LOADED", gpus=[])))
+    _driver_answers(monkeypatch, "DRIVER_NOT_LOADED")
     code, out, err = run(["--once", "--print", "--node-name", "n"], capsys)
     assert code == cli.EXIT_NO_DRIVER
     assert "NVIDIA kernel driver is not loaded" in err and "--keep-running-without-driver" in err
@@ -113,7 +120,7 @@ def test_no_driver_exits_3_with_a_clear_message(monkeypatch, capsys):
 
 
 def test_keep_running_without_driver_reports_zero_gpus(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(Fixture(initError="LIBRARY_NOT_FOUND", gpus=[])))
+    _driver_answers(monkeypatch, "LIBRARY_NOT_FOUND")
     code, out, _ = run(["--once", "--print", "--node-name", "n", "--keep-running-without-driver"], capsys)
     assert code == cli.EXIT_OK and parse_inventory(out).gpus == []
 
@@ -217,3 +224,10 @@ def test_a_broken_kubeconfig_is_a_usage_error_that_does_not_echo_its_token(text,
     assert code == 2
     err = capsys.readouterr().err
     assert f"cannot use kubeconfig {path}" in err and "SECRET-TOKEN-42" not in err
+
+
+def test_a_malformed_ignore_xids_is_a_usage_error_naming_the_accepted_forms(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--probe", "fake-nvml", "--nvml-fixture", str(A100_MIG), "--once", "--print", "--ignore-xids", "79,fatal"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USAGE and "--ignore-xids" in err and "'=13,31'" in err

@@ -10,7 +10,6 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from node_agent.fake_nvml import FakeNVML, Fixture
 from node_agent.nvml import NVMLUnavailable, memory_bandwidth_gbps, sysfs_numa_node
 
 from tests.node_agent.agent_fixtures import A100_MIG, A100_NVSWITCH, H100_NVSWITCH, RTX4090, fake_from, fixture_data, probe_of
@@ -18,20 +17,11 @@ from tests.node_agent.agent_fixtures import A100_MIG, A100_NVSWITCH, H100_NVSWIT
 NVML_SOURCE = Path(__file__).resolve().parents[2] / "node_agent" / "nvml.py"
 
 
-def test_every_nvml_name_the_probe_uses_exists_in_pynvml_and_in_the_fake():
+def test_every_nvml_name_the_probe_uses_exists_in_the_declared_pynvml():
     names = set(re.findall(r'"((?:nvml|NVML_)[A-Za-z0-9_]+)"', NVML_SOURCE.read_text()))
-    names |= set(re.findall(r'f"NVML_DEVICE_ARCH_\{key\}"', NVML_SOURCE.read_text()))
-    names.discard('f"NVML_DEVICE_ARCH_{key}"')
     names |= {f"NVML_DEVICE_ARCH_{a}" for a in ("KEPLER", "AMPERE", "ADA", "HOPPER", "BLACKWELL")}
     assert len(names) > 40, names
-    fake = fake_from(fixture_data(RTX4090))
-    missing_real = sorted(n for n in names if not hasattr(pynvml, n))
-    missing_fake = sorted(n for n in names if not hasattr(fake, n))
-    assert missing_real == [], "nvml.py calls names pynvml does not have"
-    assert missing_fake == [], "the fake lacks names nvml.py calls"
-    for n in names:
-        if n.startswith("NVML_") and isinstance(getattr(pynvml, n), int):
-            assert getattr(fake, n) == getattr(pynvml, n), f"{n} differs between fake and pynvml"
+    assert sorted(n for n in names if not hasattr(pynvml, n)) == [], "nvml.py calls names pynvml does not have"
 
 
 @pytest.mark.parametrize(
@@ -226,7 +216,7 @@ def test_xid_events_are_not_watched_where_the_driver_refuses_registration():
     ],
 )
 def test_no_usable_driver_raises_nvml_unavailable_with_a_clear_message(error, words):
-    fake = FakeNVML(Fixture(initError=error, gpus=[]))
+    fake = fake_from({"initError": error, "gpus": []})
     with pytest.raises(NVMLUnavailable, match=words):
         probe_of(fake).probe()
 
@@ -239,9 +229,9 @@ def test_nvml_is_initialized_once_even_when_probes_run_in_parallel():
         t.start()
     for t in threads:
         t.join()
-    assert fake.calls.count("nvmlInit") == 1
+    assert fake.calls.count("nvmlInitWithFlags") == 1
     probe.nvml.shutdown()
-    assert fake.initialized == 0
+    assert not fake.initialized
     probe.nvml.shutdown()  # twice is harmless
 
 
