@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "with --probe fake, else the file's nodeName)")
     src.add_argument("--mig-strategy", choices=["none", "single", "mixed"], default=None,
                      help="how the NVIDIA device plugin exposes MIG devices, recorded in the inventory "
-                     "(default: none; with --probe fake, the file's)")
+                     "(default: left out, and the extender reads it from the Node: the GPU feature "
+                     "discovery label nvidia.com/mig.strategy, else the MIG resources it advertises; "
+                     "with --probe fake, the file's)")
     src.add_argument("--ignore-xids", metavar="LIST", type=_ignored_xids, default=None,
                      help="XIDs that leave a GPU healthy: '' = the device plugin's application XIDs "
                      "13,31,43,45,68,109 (default); '48,79' adds to them; '=13,31' exactly these; "
@@ -137,7 +139,7 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
     from node_agent.nvml import MigStrategy, NVMLProbe
 
     assert node_name is not None
-    strategy = cast(MigStrategy, args.mig_strategy or "none")
+    strategy = cast("MigStrategy | None", args.mig_strategy)
     if args.probe == "fake-nvml":
         if not args.nvml_fixture:
             raise UsageError("--probe fake-nvml needs --nvml-fixture FILE")
@@ -220,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     node_name = resolve_node_name(args)
     probe = build_probe(args, node_name)
     if args.keep_running_without_driver and args.probe != "fake":
-        probe = _DriverlessProbe(probe, node_name or "", args.mig_strategy or "none")
+        probe = _DriverlessProbe(probe, node_name or "", args.mig_strategy)
 
     publish = not args.no_publish and not (args.once and args.print_inventory and not args.kubeconfig)
     snapshot = InventorySnapshot()

@@ -112,7 +112,11 @@ class NodeGPUInventory(_Model):
     observed_at: dt.datetime = Field(alias="observedAt", description="RFC 3339, when the probe ran.")
     driver_version: str | None = Field(default=None, alias="driverVersion")
     cuda_driver_version: str | None = Field(default=None, alias="cudaDriverVersion")
-    mig_strategy: Literal["none", "single", "mixed"] = Field(default="none", alias="migStrategy")
+    mig_strategy: Literal["none", "single", "mixed"] | None = Field(
+        default=None, alias="migStrategy",
+        description="How the NVIDIA device plugin exposes MIG devices (none, single, mixed). Absent: not "
+        "stated by the agent; the extender reads it from the Node (GPU feature discovery's "
+        "nvidia.com/mig.strategy label, else the MIG resources in status.allocatable).")
     gpus: list[GPU]
 
     @field_validator("observed_at")

@@ -397,7 +397,8 @@ class NVMLProbe:
         nvml_module: the pynvml module; None imports it.
         library: a stand-in for ``libnvidia-ml.so.1`` (``node_agent.nvml_standin``); None loads the driver's.
         node_name: the Node this agent runs on.
-        mig_strategy: how the NVIDIA device plugin exposes MIG devices, recorded as is.
+        mig_strategy: how the NVIDIA device plugin exposes MIG devices, recorded as is; None leaves
+            it out (the extender reads it from the Node).
         numa_lookup: CPU NUMA node of a PCI bus id when NVML has none; default reads sysfs.
         watch_xids: register for NVML XID events and mark GPUs with a critical XID unhealthy.
         ignored_xids: XIDs that leave a GPU healthy (``parse_ignored_xids``); None ignores all.
@@ -409,7 +410,7 @@ class NVMLProbe:
         *,
         library: Any = None,
         node_name: str,
-        mig_strategy: MigStrategy = "none",
+        mig_strategy: MigStrategy | None = None,
         numa_lookup: NumaLookup | None = None,
         watch_xids: bool = True,
         ignored_xids: frozenset[int] | None = APPLICATION_XIDS,
@@ -977,7 +978,7 @@ class _XidWatcher:
                     self.critical.setdefault(_text(uuid), set()).add(xid)
 
 
-def unavailable_inventory(node_name: str, mig_strategy: MigStrategy, now: dt.datetime | None = None) -> NodeGPUInventory:
+def unavailable_inventory(node_name: str, mig_strategy: MigStrategy | None, now: dt.datetime | None = None) -> NodeGPUInventory:
     """The inventory of a node whose driver is unusable, for ``--keep-running-without-driver``:
     zero GPUs, so the extender sees the node and places no GPU work on it."""
     return NodeGPUInventory.model_validate({

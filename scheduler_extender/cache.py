@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
-from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable, host_allocatable
+from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable, host_allocatable, node_mig_strategy
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.requirements import pod_gpu_requests, pod_host_requests
@@ -44,6 +44,7 @@ class _Node:
     error: str | None
     allocatable: Mapping[str, int] | None = None
     host: tuple[int | None, int | None] = (None, None)  # allocatable (CPU millicores, memory bytes)
+    mig_strategy: str | None = None  # what the Node shows (node_mig_strategy)
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,14 @@ def bulk_load() -> Iterator[None]:
 
 
 def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
-                         allocatable: Mapping[str, int] | None = None) -> tuple[NodeView | None, str | None]:
+                         allocatable: Mapping[str, int] | None = None,
+                         mig_strategy: str | None = None) -> tuple[NodeView | None, str | None]:
     """(view, None) for a valid annotation, (None, reason) otherwise; never raises.
 
     ``allocatable``: the Node's GPU resources from ``status.allocatable`` (None: unknown, not
     checked); an inventory claiming more than it is rejected (``core.allocatable``).
+    ``mig_strategy``: what the Node shows (``node_mig_strategy``), used when the inventory does
+    not state one.
     """
     if annotation is None:
         return None, None
@@ -96,7 +100,7 @@ def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
         return None, str(e)
     if inv.node_name != name:
         return None, f"{ANNOTATION}: nodeName {inv.node_name!r} is not this node ({name!r})"
-    view = build_node_view(inv, catalog, name)
+    view = build_node_view(inv, catalog, name, mig_strategy)
     contradiction = allocatable_contradiction(view, allocatable)
     if contradiction is not None:
         return None, f"{ANNOTATION}: {contradiction}"
@@ -177,19 +181,22 @@ class ClusterCache:
         annotation = (meta.get("annotations") or {}).get(ANNOTATION)
         allocatable = gpu_allocatable(obj)
         host = host_allocatable(obj)
+        mig_strategy = node_mig_strategy(obj)
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
             self._states.pop(name, None)
-        if current is not None and current.annotation == annotation and current.allocatable == allocatable:
-            return  # unchanged inventory and GPU allocatable: keep the parsed view
-        if current is not None and current.annotation == annotation and current.view is not None:
+        same_inventory = (current is not None and current.annotation == annotation
+                          and current.mig_strategy == mig_strategy)
+        if same_inventory and current is not None and current.allocatable == allocatable:
+            return  # unchanged inventory, MIG strategy and GPU allocatable: keep the parsed view
+        if same_inventory and current is not None and current.view is not None:
             # Only allocatable changed: re-check the parsed view instead of parsing again.
             contradiction = allocatable_contradiction(current.view, allocatable)
             view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
         else:
-            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable)
-        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host)
+            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy)
         if error:
             self.stats.inventory_errors[name] = error
         else:

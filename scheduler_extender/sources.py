@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from node_agent.inventory import ANNOTATION, InventoryError, format_validation_error, parse_inventory
 from scheduler_extender.cache import ClusterCache, bulk_load, parse_node_inventory
-from scheduler_extender.core.allocatable import gpu_allocatable
+from scheduler_extender.core.allocatable import gpu_allocatable, node_mig_strategy
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
 from scheduler_extender.memo import BoundedMemo, content_digest
@@ -70,13 +70,14 @@ class _AnnotationFallback:
         if text is None:
             return NodeState(name=name, view=None)
         allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
+        mig_strategy = node_mig_strategy(obj)
         if not isinstance(text, str):
             text = str(text)
         key = (content_digest(f"{len(name)}:{name}{text}".encode("utf-8", "surrogatepass")),
-               None if allocatable is None else tuple(sorted(allocatable.items())))
+               None if allocatable is None else tuple(sorted(allocatable.items())), mig_strategy)
         st = self._memo.get(key)
         if st is None:
-            view, error = parse_node_inventory(name, text, self._catalog, allocatable)
+            view, error = parse_node_inventory(name, text, self._catalog, allocatable, mig_strategy)
             alloc = allocation_from_inventory(view) if view else None
             st = NodeState(name=name, view=view, inventory_error=error, **({"allocation": alloc} if alloc else {}))
             self._memo.put(key, st, 10 * (len(name) + len(text)) if view is not None

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from scheduler_extender.core.devices import NodeView, allocatable_from_view
 from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
-from scheduler_extender.core.requirements import _is_gpu_resource
+from scheduler_extender.core.requirements import MIG_PREFIX, _is_gpu_resource
 
 
 def gpu_allocatable(node: Mapping[str, Any] | None) -> dict[str, int] | None:
@@ -47,6 +47,29 @@ def gpu_allocatable(node: Mapping[str, Any] | None) -> dict[str, int] | None:
         except (QuantityError, TypeError):
             continue
     return out
+
+
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+"""GPU feature discovery's node label: the MIG strategy the NVIDIA device plugin runs with."""
+
+
+def node_mig_strategy(node: Mapping[str, Any] | None) -> str | None:
+    """How the NVIDIA device plugin exposes MIG devices on this Node, from what the Node shows.
+
+    GPU feature discovery's ``nvidia.com/mig.strategy`` label when it is ``none``, ``single`` or
+    ``mixed``; else ``mixed`` when ``status.allocatable`` has a ``nvidia.com/mig-*`` resource (only
+    that strategy advertises them); else None (unknown: no MIG resource and no label, which is
+    what ``none`` and ``single`` look like alike).
+    """
+    meta = (node or {}).get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    label = labels.get(MIG_STRATEGY_LABEL) if isinstance(labels, Mapping) else None
+    if label in ("none", "single", "mixed"):
+        return str(label)
+    allocatable = gpu_allocatable(node)
+    if allocatable and any(name.startswith(MIG_PREFIX) for name in allocatable):
+        return "mixed"
+    return None
 
 
 def allocatable_contradiction(view: NodeView, allocatable: Mapping[str, int] | None) -> str | None:

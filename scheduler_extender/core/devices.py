@@ -14,6 +14,7 @@ A ``NodeView`` is built once per inventory (not per request) and is immutable.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -21,7 +22,7 @@ from typing import Any, Literal, Mapping
 from node_agent.inventory import GPU, NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.quantity import MIB
-from scheduler_extender.core.requirements import AMD_GPU, MIG_PREFIX, NVIDIA_GPU
+from scheduler_extender.core.requirements import AMD_GPU, NVIDIA_GPU, mig_resource_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,15 @@ def _mig_reason(parent_reason: str, mig: Any) -> str:
     return "; ".join(r for r in (parent_reason, own) if r)
 
 
+def _gpu_instance_profile(profile: str) -> str:
+    """The GPU instance part of a MIG profile name: ``1c.3g.40gb`` -> ``3g.40gb`` (a compute
+    instance holds its GPU instance's memory), ``1g.10gb+me`` -> ``1g.10gb``."""
+    m = re.match(r"^(?:\d+c\.)?(\d+g\.\d+gb)", profile)
+    return m.group(1) if m else profile
+
+
 def _mig_cost_fraction(entry: CatalogEntry | None, profile: str, memory_mib: int, parent_mib: int) -> float:
+    profile = _gpu_instance_profile(profile)
     if entry is not None and entry.mig_profiles:
         p = entry.mig_profile(profile)
         slices_total = max(mp.compute_slices for mp in entry.mig_profiles)
@@ -134,10 +143,14 @@ class NodeView:
         return list(seen.values())
 
 
-def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: str | None = None) -> NodeView:
-    """Index an inventory's units by the resource that schedules them (see module docstring)."""
+def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: str | None = None,
+                    node_mig_strategy: str | None = None) -> NodeView:
+    """Index an inventory's units by the resource that schedules them (see module docstring).
+
+    The MIG strategy is the inventory's when the agent states it, else ``node_mig_strategy``
+    (what the Node shows, ``allocatable.node_mig_strategy``), else ``none``."""
     by_resource: dict[str, list[Unit]] = {}
-    strategy = inventory.mig_strategy
+    strategy = inventory.mig_strategy or node_mig_strategy or "none"
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         full, migs = _gpu_units(gpu, catalog)
         if gpu.vendor == "amd":
@@ -150,7 +163,7 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
             if strategy == "single":
                 by_resource.setdefault(NVIDIA_GPU, []).append(m)
             elif strategy == "mixed":
-                by_resource.setdefault(f"{MIG_PREFIX}{m.mig_profile}", []).append(m)
+                by_resource.setdefault(mig_resource_name(m.mig_profile or ""), []).append(m)
             # strategy none: the plugin does not advertise MIG devices at all
     counts = Counter(g.name for g in inventory.gpus)
     desc = ", ".join(f"{n}x {name}" for name, n in counts.most_common()) or "no GPUs"

@@ -37,7 +37,28 @@ KNOWN_ANNOTATIONS = frozenset({
 NVIDIA_GPU = "nvidia.com/gpu"
 AMD_GPU = "amd.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
-_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$", re.ASCII)
+_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-((?:\d{1,2}c\.)?\d{1,2}g\.\d{1,4}gb)((?:[.-][a-z]{1,8}){0,3})$", re.ASCII)
+
+
+def mig_resource_name(profile: str) -> str:
+    """The extended resource the NVIDIA device plugin (``mixed`` strategy) advertises for MIG
+    devices of an NVML profile name: ``nvidia.com/mig-`` + the profile with ``+`` turned into
+    ``.`` (k8s-device-plugin ``internal/rm``): ``3g.40gb`` -> ``nvidia.com/mig-3g.40gb``,
+    ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``, ``1g.24gb+gfx`` -> ``...mig-1g.24gb.gfx``,
+    Blackwell's ``1g.23gb-me`` unchanged, a compute instance ``1c.3g.40gb`` -> ``...mig-1c.3g.40gb``."""
+    return MIG_PREFIX + profile.replace("+", ".")
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """The NVML profile name behind a MIG resource name (``mig_resource_name`` reversed: the first
+    ``.`` after ``gb`` was a ``+``); None when ``resource`` is not a MIG resource name."""
+    m = _MIG_RESOURCE.match(resource)
+    if m is None:
+        return None
+    suffix = m.group(2)
+    if suffix.startswith("."):
+        suffix = "+" + suffix[1:]
+    return m.group(1) + suffix
 
 WORKLOADS = ("training", "finetune-lora", "inference")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
@@ -331,11 +352,10 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
                          f"{NVIDIA_GPU}, {AMD_GPU} or {MIG_PREFIX}<profile>"))
     elif requests:
         resource, count = next(iter(requests.items()))
-        m = _MIG_RESOURCE.match(resource)
-        if m:
-            mig_profile = m.group(1)
-        elif resource.startswith(MIG_PREFIX):
-            errors.append(AnnotationError(f"resources {resource}", f"not a MIG resource of the form {MIG_PREFIX}<profile>, e.g. nvidia.com/mig-3g.40gb"))
+        mig_profile = mig_profile_of(resource)
+        if mig_profile is None and resource.startswith(MIG_PREFIX):
+            errors.append(AnnotationError(f"resources {resource}", f"not a MIG resource of the form {MIG_PREFIX}<profile>, e.g. "
+                                                                   "nvidia.com/mig-3g.40gb or nvidia.com/mig-1g.10gb.me"))
 
     params = None
     if A_PARAMS in ours:
