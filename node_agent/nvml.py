@@ -221,7 +221,11 @@ class NVMLSession:
         self._library = library
         self._lock = threading.Lock()
         self._initialized = False
+        self._exit_hook = False
         self._logged: set[tuple[str, str]] = set()
+        self.driver_gone = False
+        """Set when a call answered as NVML does after a driver reload or GPU loss; the probe then
+        closes the session so the next one starts afresh (``NVMLProbe.probe``)."""
 
     @property
     def module(self) -> Any:
@@ -262,7 +266,10 @@ class NVMLSession:
             except nvml.NVMLError as e:
                 raise NVMLUnavailable(self._explain_init_failure(e)) from e
             self._initialized = True
-            atexit.register(self.shutdown)
+            self.driver_gone = False
+            if not self._exit_hook:
+                atexit.register(self.shutdown)
+                self._exit_hook = True
 
     def _explain_init_failure(self, err: Any) -> str:
         code = getattr(err, "value", None)
@@ -307,7 +314,15 @@ class NVMLSession:
         try:
             return _Outcome(value=func(*args))
         except nvml.NVMLError as e:
-            return _Outcome(code=getattr(e, "value", None), reason=str(e) or type(e).__name__)
+            code = getattr(e, "value", None)
+            if code in self._gone_codes():
+                self.driver_gone = True
+            return _Outcome(code=code, reason=str(e) or type(e).__name__)
+
+    def _gone_codes(self) -> tuple[int, ...]:
+        return tuple(self.const(name, default) for name, default in (
+            ("NVML_ERROR_UNINITIALIZED", 1), ("NVML_ERROR_DRIVER_NOT_LOADED", 9),
+            ("NVML_ERROR_GPU_IS_LOST", 15), ("NVML_ERROR_LIB_RM_VERSION_MISMATCH", 18)))
 
     def call(self, fn: str, *args: Any, not_supported: Any = None, quiet: tuple[int, ...] = ()) -> Any:
         """The value of ``fn(*args)``; on NVML_ERROR_NOT_SUPPORTED ``not_supported`` (the caller's
@@ -401,6 +416,8 @@ class NVMLProbe:
             it out (the extender reads it from the Node).
         numa_lookup: CPU NUMA node of a PCI bus id when NVML has none; default reads sysfs.
         watch_xids: register for NVML XID events and mark GPUs with a critical XID unhealthy.
+        hold_nvml: keep NVML open between probes; default: only while XIDs are watched (events
+            reach only an open event set). See ``probe`` for when it is closed anyway.
         ignored_xids: XIDs that leave a GPU healthy (``parse_ignored_xids``); None ignores all.
     """
 
@@ -414,6 +431,7 @@ class NVMLProbe:
         numa_lookup: NumaLookup | None = None,
         watch_xids: bool = True,
         ignored_xids: frozenset[int] | None = APPLICATION_XIDS,
+        hold_nvml: bool | None = None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
     ) -> None:
         self.nvml = NVMLSession(nvml_module, library)
@@ -423,6 +441,7 @@ class NVMLProbe:
         self._clock = clock
         # ignored_xids None: the operator turned XID health off (--ignore-xids all).
         self._xids = _XidWatcher(self.nvml, ignored_xids) if watch_xids and ignored_xids is not None else None
+        self._hold = (self._xids is not None) if hold_nvml is None else hold_nvml
         self._probe_lock = threading.Lock()  # one probe at a time: the XID event set is shared
 
     # ---- node-level getters -------------------------------------------------------------
@@ -751,9 +770,34 @@ class NVMLProbe:
     # ---- assembly ---------------------------------------------------------------------------
 
     def probe(self) -> NodeGPUInventory:
-        """Read every GPU now. Raises ``NVMLUnavailable`` (no driver) or ``ProbeError``."""
+        """Read every GPU now. Raises ``NVMLUnavailable`` (no driver) or ``ProbeError``.
+
+        NVML is opened for the probe and closed after it (``nvmlShutdown``), so the agent holds no
+        GPU between probes: ``nvidia-smi -r`` and in-place driver upgrades are not refused because
+        of it, and a reloaded driver is simply opened by the next probe. While XIDs are watched the
+        session stays open between probes (an event set only collects events while open, as in
+        the NVIDIA device plugin), except that it is closed after a probe that found a GPU whose
+        reason asks for a reset (the advice must be actionable) or a call that answered as after
+        a driver reload or GPU loss; XIDs already seen are kept across sessions.
+        """
         with self._probe_lock:
-            return self._probe()
+            inventory: NodeGPUInventory | None = None
+            try:
+                inventory = self._probe()
+                return inventory
+            finally:
+                if self._must_release(inventory):
+                    self._release()
+
+    def _must_release(self, inventory: NodeGPUInventory | None) -> bool:
+        if not self._hold or self.nvml.driver_gone or inventory is None:
+            return True
+        return any("reset" in reason for g in inventory.gpus for reason in g.health_reasons)
+
+    def _release(self) -> None:
+        self.nvml.shutdown()
+        if self._xids is not None:
+            self._xids.session_closed()
 
     def _probe(self) -> NodeGPUInventory:
         self.nvml.ensure_initialized()
@@ -922,7 +966,7 @@ class _XidWatcher:
 
     The GPUs are registered once on an NVML event set; every probe drains it with a zero timeout
     (``nvmlEventSetWait(set, 0)`` returns NVML_ERROR_TIMEOUT when nothing is queued), so a probe
-    never blocks on events. XIDs are kept for the agent's lifetime: a critical XID (48 double-bit
+    never blocks on events. XIDs are kept for the agent's lifetime, across NVML sessions: a critical XID (48 double-bit
     ECC, 79 fallen off the bus...) needs a GPU reset, which also restarts this agent's view.
     Application XIDs (``APPLICATION_XIDS``) are ignored. Where the driver refuses the
     registration (NOT_SUPPORTED, e.g. some vGPU guests) XIDs are simply not watched, logged once.
@@ -939,6 +983,11 @@ class _XidWatcher:
         self.critical: dict[str, set[int]] = {}
         self.mig_critical: dict[tuple[str, int], set[int]] = {}
         """XIDs the driver scoped to one GPU instance: (GPU UUID, GPU instance id) -> XIDs."""
+
+    def session_closed(self) -> None:
+        """NVML was shut down: the event set and registrations are gone; the XIDs seen stay."""
+        self._set = None
+        self._registered.clear()
 
     def watch(self, handles: dict[str, Any]) -> None:
         nvml = self._nvml

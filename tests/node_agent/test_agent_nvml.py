@@ -221,9 +221,9 @@ def test_no_usable_driver_raises_nvml_unavailable_with_a_clear_message(error, wo
         probe_of(fake).probe()
 
 
-def test_nvml_is_initialized_once_even_when_probes_run_in_parallel():
+def test_a_held_nvml_session_is_initialized_once_even_when_probes_run_in_parallel():
     fake = fake_from(fixture_data(A100_MIG))
-    probe = probe_of(fake, watch_xids=False)
+    probe = probe_of(fake, hold_nvml=True)
     threads = [threading.Thread(target=probe.probe) for _ in range(8)]
     for t in threads:
         t.start()
@@ -323,3 +323,41 @@ def test_probe_stamps_node_name_mig_strategy_and_observed_at(inventory_of):
     inv = inventory_of(A100_MIG, node_name="gpu-a100-mig-0", mig_strategy="mixed")
     assert (inv.node_name, inv.mig_strategy, inv.observed_at.isoformat()) == (
         "gpu-a100-mig-0", "mixed", "2026-11-21T08:00:00+00:00")
+
+
+# ---- the NVML session's lifetime ---------------------------------------------------------------
+
+
+def test_without_xid_watching_nvml_is_open_only_during_a_probe():
+    fake = fake_from(fixture_data(A100_MIG))
+    probe = probe_of(fake, watch_xids=False)
+    for _ in range(3):
+        probe.probe()
+        assert not fake.initialized, "the agent must not hold the GPUs between probes"
+    assert fake.calls.count("nvmlInitWithFlags") == 3 and fake.calls.count("nvmlShutdown") == 3
+
+
+def test_while_watching_xids_nvml_stays_open_and_xids_seen_survive_a_new_session():
+    data = fixture_data(RTX4090)
+    fake = fake_from(data)
+    probe = probe_of(fake)
+    probe.probe()
+    assert fake.initialized
+    fake.post_xid(data["gpus"][0]["uuid"], 79)
+    inv = probe.probe()
+    assert "critical XID 79" in inv.gpus[0].health_reasons[0]
+    assert not fake.initialized, "a GPU whose reason asks for a reset is not held by the agent"
+    inv = probe.probe()  # a new session: registers again, remembers XID 79
+    assert fake.calls.count("nvmlInitWithFlags") == 2 and fake.calls.count("nvmlDeviceRegisterEvents") == 2
+    assert not inv.gpus[0].healthy
+
+
+def test_after_an_answer_like_a_driver_reload_the_next_probe_opens_nvml_again():
+    data = fixture_data(RTX4090)
+    data["gpus"][0]["errors"] = {"nvmlDeviceGetPowerManagementLimit": "GPU_IS_LOST", "nvmlDeviceGetEnforcedPowerLimit": "GPU_IS_LOST"}
+    fake = fake_from(data)
+    probe = probe_of(fake)
+    probe.probe()
+    assert not fake.initialized
+    probe.probe()
+    assert fake.calls.count("nvmlInitWithFlags") == 2
