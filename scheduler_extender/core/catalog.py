@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Vendor = Literal["nvidia", "amd"]
 Tier = Literal["premium", "datacenter", "workstation", "consumer", "legacy"]
-Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"]
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4"]
 
 
 class MigProfile(BaseModel):

@@ -155,6 +155,22 @@ def test_a_rocm_job_runs_on_amd_and_bf16_is_checked_against_the_catalog():
     assert criteria(r) == {C_CC} and "no native bf16" in r.reason
 
 
+H100 = dict(name="NVIDIA H100 80GB HBM3", memory_mib=81559, eccEnabled=True, computeCapability="9.0")
+MI300X = {"index": 0, "uuid": "GPU-amd0", "vendor": "amd", "name": "AMD Instinct MI300X", "memoryMiB": 196608}
+
+
+@pytest.mark.parametrize("precision", ["fp4", "fp6"])
+def test_fp4_or_fp6_on_a_hopper_gpu_is_refused_by_the_compute_capability_criterion(precision):
+    r = run(pod({"gpuplace.io/precision": precision, "gpuplace.io/class": "large"}), node(gpus(2, H100)))
+    assert criteria(r) == {C_CC}
+    assert f"compute capability 9.0 < 10.0 needed for {precision}" in r.reason
+
+
+def test_fp4_on_an_amd_gpu_without_native_fp4_is_refused_as_bf16_is_on_a_radeon():
+    r = run(pod({"gpuplace.io/precision": "fp4", "gpuplace.io/class": "large"}, resource="amd.com/gpu"), node([MI300X]))
+    assert criteria(r) == {C_CC} and "MI300X has no native fp4" in r.reason
+
+
 def test_missing_and_stale_inventories_fail_gpu_pods_with_a_reason():
     missing = run(pod({}), NodeState("bare", None))
     assert criteria(missing) == {C_INVENTORY} and "gpuplace-agent" in missing.reason
