@@ -443,3 +443,63 @@ def test_loader_accepts_a_bare_list_and_rejects_unknown_keys() -> None:
     with pytest.raises(ValueError):
         load_catalog_yaml(row + "  color: green\n")
 
+
+# ---- gpuplace catalog (command line) ----------------------------------------------------------
+
+NEW_GENERATION_IDS = BLACKWELL_IDS | {"h200-nvl-141gb", "l40", "mi325x", "mi355x"}
+
+
+def _gpuplace_catalog(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from scheduler_extender.gpuplace_cli import main
+
+    rc = main(["catalog", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _listed_ids(out: str) -> list[str]:
+    return [line.split()[0] for line in out.splitlines()[1:] if line and not line.startswith(" ")]
+
+
+def test_gpuplace_catalog_lists_every_row_the_new_generations_included(catalog: Catalog, capsys) -> None:
+    rc, out, _ = _gpuplace_catalog(capsys)
+    assert rc == 0 and out.startswith("id ")
+    assert _listed_ids(out) == list(catalog.entries)
+    assert NEW_GENERATION_IDS <= set(_listed_ids(out))
+    assert re.search(r"^rtx-pro-6000-blackwell-workstation\s+nvidia\s+12\.0\s", out, re.M), out
+
+
+def test_gpuplace_catalog_sources_prints_each_rows_sources_under_it(catalog: Catalog, capsys) -> None:
+    rc, out, _ = _gpuplace_catalog(capsys, "--sources")
+    assert rc == 0
+    blocks = re.split(r"^(?=\S)", out, flags=re.M)[2:]  # header first, then one block per row
+    by_id = {block.split()[0]: block for block in blocks}
+    for model_id in NEW_GENERATION_IDS:
+        entry = catalog.entries[model_id]
+        for source in entry.sources:
+            assert f"    source: {source}\n" in by_id[model_id], (model_id, source)
+        assert f"driver names: {', '.join(entry.driver_names)}" in by_id[model_id]
+        assert f"precisions: {', '.join(entry.precisions)}" in by_id[model_id]
+    assert "MIG: 1g.23gb x7, 1g.45gb x4, 2g.45gb x3, 3g.90gb x2, 4g.90gb x1, 7g.180gb x1" in by_id["b200-sxm-180gb"]
+    assert "MIG: none catalogued" in by_id["b300-sxm-288gb"]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        (["B200"], ["b200-sxm-180gb"]),
+        (["gb200", "GB300"], ["gb200-186gb", "gb300-288gb"]),
+        (["H20"], ["h20-96gb"]),
+        (["H200"], ["h200-sxm-141gb", "h200-nvl-141gb"]),
+        (["RTX PRO 6000"], ["rtx-pro-6000-blackwell-server", "rtx-pro-6000-blackwell-workstation"]),
+    ],
+)
+def test_gpuplace_catalog_models_are_exact_tokens(capsys, tokens: list[str], expected: list[str]) -> None:
+    rc, out, _ = _gpuplace_catalog(capsys, *tokens)
+    assert rc == 0 and _listed_ids(out) == expected
+
+
+def test_gpuplace_catalog_refuses_an_unknown_model_and_names_the_nearest(capsys) -> None:
+    rc, out, err = _gpuplace_catalog(capsys, "B20")
+    assert rc == 2 and out == ""
+    assert "unknown GPU model 'B20'" in err and "b200" in err
