@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import yaml
 
 from node_agent.version import add_version_argument
-from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.catalog import CatalogEntry, UnknownModelError, default_catalog, normalize_token
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
 from scheduler_extender.explain import component_weights, explain_decision
@@ -148,12 +149,36 @@ def cmd_inventory_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalog_details(e: CatalogEntry) -> list[str]:
+    """The lines ``gpuplace catalog --sources`` prints under a row: names, precisions, MIG, sources."""
+    mig = ", ".join(f"{p.profile} x{p.max_instances}" for p in e.mig_profiles) or "none catalogued"
+    lines = [f"{e.display_name}; driver names: {', '.join(e.driver_names)}",
+             f"precisions: {', '.join(e.precisions)}",
+             f"MIG: {mig}"]
+    lines += [f"source: {s}" for s in e.sources]
+    return ["    " + line for line in lines]
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     cat = default_catalog()
-    print(f"{'id':<18} {'vendor':<6} {'cc':<4} {'VRAM':>8} {'GB/s':>6} {'tier':<11} {'$/h':>5}  aliases")
-    for e in cat.entries.values():
-        print(f"{e.id:<18} {e.vendor:<6} {e.compute_capability or '-':<4} {fmt_gib(e.memory_mib * 2**20):>8} "
+    entries = list(cat.entries.values())
+    if args.models:
+        try:
+            wanted = set().union(*(cat.resolve_token(t) for t in args.models))
+        except UnknownModelError as e:
+            near = difflib.get_close_matches(normalize_token(str(e)), cat.tokens(), n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            print(f"gpuplace catalog: unknown GPU model {str(e)!r}{hint}; models are catalog ids or families, "
+                  f"exact tokens: `gpuplace catalog` lists them", file=sys.stderr)
+            return 2
+        entries = [e for e in entries if e.id in wanted]
+    width = max(len("id"), *(len(e.id) for e in entries))
+    print(f"{'id':<{width}} {'vendor':<6} {'cc':<4} {'VRAM':>9} {'GB/s':>6} {'tier':<11} {'$/h':>5}  aliases")
+    for e in entries:
+        print(f"{e.id:<{width}} {e.vendor:<6} {e.compute_capability or '-':<4} {fmt_gib(e.memory_mib * 2**20):>9} "
               f"{e.memory_bandwidth_gbps:>6.0f} {e.tier:<11} {e.cost_per_gpu_hour:>5.2f}  {', '.join(e.aliases)}")
+        if args.sources:
+            print("\n".join(_catalog_details(e)))
     return 0
 
 
@@ -182,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     inv = sub.add_parser("inventory", help="NodeGPUInventory tools")
     isub = inv.add_subparsers(dest="inventory_command", required=True)
     isub.add_parser("schema", help="print the NodeGPUInventory JSON Schema").set_defaults(fn=cmd_inventory_schema)
-    sub.add_parser("catalog", help="list the GPU catalog: ids, aliases, VRAM, price").set_defaults(fn=cmd_catalog)
+    cat = sub.add_parser("catalog", help="list the GPU catalog: ids, aliases, VRAM, price (--sources: where each figure comes from)")
+    cat.add_argument("models", nargs="*", metavar="MODEL",
+                     help="only these ids or families (exact tokens, as gpuplace.io/gpu-models takes them)")
+    cat.add_argument("--sources", action="store_true",
+                     help="under each row: driver names, precisions, MIG profiles and the sources of its figures")
+    cat.set_defaults(fn=cmd_catalog)
     from simulator.cli import add_parser as add_simulate_parser
     add_simulate_parser(sub)
     return p

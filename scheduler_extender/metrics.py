@@ -63,8 +63,9 @@ class ExtenderMetrics:
 VRAM_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """Estimated VRAM per GPU / VRAM of the GPU (or MIG device) the pod would get; 1.0 = exactly full."""
 
-GPU_MEMORY_BUCKETS = tuple(float(g * 2**30) for g in (4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 141, 192))
-"""Bytes; the VRAM sizes of common GPUs and MIG devices (10 GB MIG slice ... 192 GB MI300X)."""
+GPU_MEMORY_BUCKETS = tuple(float(g * 2**30) for g in (4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 141, 192, 256, 288))
+"""Bytes; the VRAM sizes of common GPUs and MIG devices (10 GB MIG slice ... 192 GB MI300X, 256 GB
+MI325X, 288 GB B300/GB300/MI355X)."""
 
 
 class PlacementQualityMetrics:

@@ -18,14 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Vendor = Literal["nvidia", "amd"]
 Tier = Literal["premium", "datacenter", "workstation", "consumer", "legacy"]
-Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"]
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4"]
 
 
 class MigProfile(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
     profile: str = Field(pattern=r"^\d+g\.\d+gb$", description="e.g. '3g.40gb'")
-    memory_mib: int = Field(alias="memoryMiB", gt=0, description="Memory of one instance, MiB.")
+    memory_mib: int | None = Field(
+        alias="memoryMiB", gt=0,
+        description="Memory of one instance, MiB (`nvidia-smi mig -lgip`); null where no published output gives it.")
     compute_slices: int = Field(alias="computeSlices", ge=1, le=8)
     max_instances: int = Field(alias="maxInstances", ge=1, le=7)
 

@@ -36,9 +36,13 @@ from dataclasses import dataclass, field
 from scheduler_extender.core.quantity import GB, fmt_gib
 
 BYTES_PER_PARAM: dict[str, float] = {
-    "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+    "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp6": 0.75, "fp4": 0.5, "int8": 1, "int4": 0.5,
 }
-"""Bytes per weight by precision (tf32 is stored as fp32)."""
+"""Bytes per weight by precision: the element width (tf32 is stored as fp32). FP6 and FP4 are the
+OCP Microscaling Formats (MX) Specification v1.0 (2023) element widths, 6 bits (E2M3/E3M2) and
+4 bits (E2M1), as NVIDIA's NVFP4 is. Their block scales (MX: one 8-bit scale per 32 elements,
+0.25 bit each; NVFP4: one FP8 scale per 16 elements, 0.5 bit each) are left to the inference
+overhead, as int4's group scales are."""
 
 INFERENCE_OVERHEAD_RATIO = 1.2  # EleutherAI Transformer Math 101
 CUDA_CONTEXT_BYTES = int(1.3 * GB)  # HF "Model training anatomy"

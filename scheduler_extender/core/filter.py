@@ -140,7 +140,8 @@ def check_tenant_allowed(unit: Unit, job: Job) -> str | None:
 
 
 def check_compute_capability(unit: Unit, job: Job) -> str | None:
-    """``min-compute-capability`` and what an *annotated* precision needs (bf16 8.0, fp8 8.9).
+    """``min-compute-capability`` and what an *annotated* precision needs (bf16 8.0, fp8 8.9,
+    fp6 and fp4 10.0: ``PRECISION_MIN_CC``).
 
     The default precision, used only for the estimate, imposes nothing. On AMD GPUs a precision
     is checked against the catalog's native precisions; a CUDA compute capability is unmet.

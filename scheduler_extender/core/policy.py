@@ -110,7 +110,7 @@ class EstimatorSection(_Strict):
 
 class Defaults(_Strict):
     workload: Literal["training", "finetune-lora", "inference"] = "inference"
-    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4"] = "bf16"
 
 
 FRAG_DEFAULT = 100

@@ -61,15 +61,20 @@ def mig_profile_of(resource: str) -> str | None:
     return m.group(1) + suffix
 
 WORKLOADS = ("training", "finetune-lora", "inference")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4")
 SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
 CONSTRAINTS = ("nvlink", "ecc", "full-gpu", "mig")
 RUNTIMES = ("cuda", "rocm", "any")
 
-PRECISION_MIN_CC: dict[str, tuple[int, int]] = {"bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9)}
+PRECISION_MIN_CC: dict[str, tuple[int, int]] = {
+    "bf16": (8, 0), "tf32": (8, 0), "fp8": (8, 9), "fp6": (10, 0), "fp4": (10, 0),
+}
 """Compute capability an explicitly annotated precision needs on NVIDIA GPUs: BF16 and TF32
 tensor cores arrived with Ampere (8.0), FP8 with Ada/Hopper (8.9) (NVIDIA CUDA C++ Programming
-Guide, "Compute Capabilities"; Ampere and Ada architecture whitepapers)."""
+Guide, "Compute Capabilities"; Ampere and Ada architecture whitepapers), FP6 and FP4 with Blackwell
+(10.0 for B200/GB200, 10.3 for B300/GB300, 12.0 for the RTX 50 series and RTX PRO Blackwell): the
+PTX ISA's e2m3/e3m2 (FP6) and e2m1 (FP4) MMA types need sm_100a or sm_120a and later, and no GPU
+of compute capability 9.x or below has them."""
 
 _PARAMS = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT])?$", re.ASCII)
 # Major and minor of a compute capability: a few ASCII digits each (int() of thousands of digits

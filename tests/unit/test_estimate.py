@@ -18,12 +18,24 @@ def test_inference_is_weights_times_1_2_plus_cuda_context():
 
 
 @pytest.mark.parametrize("precision, bytes_per_param", [
-    ("fp32", 4), ("tf32", 4), ("bf16", 2), ("fp16", 2), ("fp8", 1), ("int8", 1), ("int4", 0.5),
+    ("fp32", 4), ("tf32", 4), ("bf16", 2), ("fp16", 2), ("fp8", 1), ("fp6", 0.75), ("fp4", 0.5), ("int8", 1),
+    ("int4", 0.5),
 ])
 def test_inference_weights_scale_with_bytes_per_parameter(precision, bytes_per_param):
     e = estimate_vram(params=7e9, workload="inference", precision=precision, gpu_count=1, sharding=None,
                       settings=NO_RESERVE)
     assert e.bytes_per_gpu == pytest.approx(7e9 * bytes_per_param * 1.2, rel=1e-9)
+
+
+def test_a_70b_model_in_fp4_needs_a_quarter_of_its_bf16_weights():
+    # OCP MX v1.0 element widths: FP4 (E2M1) 4 bits, FP6 (E2M3/E3M2) 6 bits; block scales not counted.
+    fp4 = estimate_vram(params=70e9, workload="inference", precision="fp4", gpu_count=1, sharding=None,
+                        settings=NO_RESERVE)
+    fp6 = estimate_vram(params=70e9, workload="inference", precision="fp6", gpu_count=1, sharding=None,
+                        settings=NO_RESERVE)
+    assert fp4.bytes_per_gpu == pytest.approx(35e9 * 1.2)
+    assert fp6.bytes_per_gpu == pytest.approx(52.5e9 * 1.2)
+    assert fp4.summary == "70B inference, fp4"
 
 
 def test_mixed_precision_adamw_training_is_18_bytes_per_parameter():
@@ -92,7 +104,7 @@ def test_every_estimate_includes_the_cuda_context_once_per_gpu():
 @pytest.mark.parametrize("bad", [
     dict(params=0, workload="inference", precision="bf16", gpu_count=1, sharding=None),
     dict(params=1e9, workload="pretraining", precision="bf16", gpu_count=1, sharding=None),
-    dict(params=1e9, workload="inference", precision="fp4", gpu_count=1, sharding=None),
+    dict(params=1e9, workload="inference", precision="nf4", gpu_count=1, sharding=None),
     dict(params=1e9, workload="training", precision="bf16", gpu_count=1, sharding="zero4"),
     dict(params=1e9, workload="training", precision="bf16", gpu_count=0, sharding=None),
 ])

@@ -155,6 +155,54 @@ def test_a_rocm_job_runs_on_amd_and_bf16_is_checked_against_the_catalog():
     assert criteria(r) == {C_CC} and "no native bf16" in r.reason
 
 
+H100 = dict(name="NVIDIA H100 80GB HBM3", memory_mib=81559, eccEnabled=True, computeCapability="9.0")
+MI300X = {"index": 0, "uuid": "GPU-amd0", "vendor": "amd", "name": "AMD Instinct MI300X", "memoryMiB": 196608}
+
+
+@pytest.mark.parametrize("precision", ["fp4", "fp6"])
+def test_fp4_or_fp6_on_a_hopper_gpu_is_refused_by_the_compute_capability_criterion(precision):
+    r = run(pod({"gpuplace.io/precision": precision, "gpuplace.io/class": "large"}), node(gpus(2, H100)))
+    assert criteria(r) == {C_CC}
+    assert f"compute capability 9.0 < 10.0 needed for {precision}" in r.reason
+
+
+def test_fp4_on_an_amd_gpu_without_native_fp4_is_refused_as_bf16_is_on_a_radeon():
+    r = run(pod({"gpuplace.io/precision": "fp4", "gpuplace.io/class": "large"}, resource="amd.com/gpu"), node([MI300X]))
+    assert criteria(r) == {C_CC} and "MI300X has no native fp4" in r.reason
+
+
+B200 = dict(name="NVIDIA B200", memory_mib=183359, eccEnabled=True, computeCapability="10.0")
+B300 = dict(name="NVIDIA B300 SXM6 AC", memory_mib=275040, eccEnabled=True, computeCapability="10.3")
+GB200 = dict(name="NVIDIA GB200", memory_mib=189471, eccEnabled=True, computeCapability="10.0")
+RTX5090 = dict(name="NVIDIA GeForce RTX 5090", memory_mib=32607, eccEnabled=False, computeCapability="12.0")
+H200_NVL = dict(name="NVIDIA H200 NVL", memory_mib=143771, eccEnabled=True, computeCapability="9.0")
+
+
+@pytest.mark.parametrize("spec", [B200, B300, GB200, RTX5090], ids=["B200", "B300", "GB200", "RTX 5090"])
+def test_fp4_on_a_blackwell_gpu_passes(spec):
+    assert run(pod({"gpuplace.io/precision": "fp4", "gpuplace.io/class": "large"}), node(gpus(2, spec))).passed
+
+
+def test_fp4_on_the_mi355x_passes_its_catalog_precisions():
+    mi355x = {**MI300X, "name": "AMD Instinct MI355X", "memoryMiB": 294912}
+    assert run(pod({"gpuplace.io/precision": "fp4", "gpuplace.io/class": "large"}, resource="amd.com/gpu"),
+               node([mi355x])).passed
+
+
+@pytest.mark.parametrize("spec, passes", [(B200, True), (B300, False), (GB200, False)], ids=["B200", "B300", "GB200"])
+def test_gpu_models_b200_matches_b200_nodes_and_not_b300_or_gb200(spec, passes):
+    r = run(pod({"gpuplace.io/gpu-models": "B200", "gpuplace.io/class": "large"}), node(gpus(2, spec)))
+    assert r.passed is passes
+    if not passes:
+        assert criteria(r) == {C_MODEL} and "not in gpuplace.io/gpu-models (B200)" in r.reason
+
+
+@pytest.mark.parametrize("models, passes", [("H20", False), ("H200", True), ("H200-NVL", True), ("H200-SXM", False)])
+def test_gpu_models_h20_never_matches_an_h200_nvl_node(models, passes):
+    r = run(pod({"gpuplace.io/gpu-models": models, "gpuplace.io/class": "large"}), node(gpus(2, H200_NVL)))
+    assert r.passed is passes, r.reason
+
+
 def test_missing_and_stale_inventories_fail_gpu_pods_with_a_reason():
     missing = run(pod({}), NodeState("bare", None))
     assert criteria(missing) == {C_INVENTORY} and "gpuplace-agent" in missing.reason

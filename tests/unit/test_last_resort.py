@@ -18,7 +18,7 @@ from tests.factories import ROOT, gpu, inventory, pod
 
 CAT = default_catalog()
 DEFAULT = yaml.safe_load((ROOT / "scheduler_extender" / "data" / "default-policy.yaml").read_text())
-PREMIUM = ["H100", "H200", "H800", "H20", "A100-80GB", "A800", "MI300X"]
+PREMIUM = ["H100", "H200", "H800", "H20", "A100-80GB", "A800", "B200", "B300", "GB200", "GB300", "MI300X", "MI325X", "MI355X"]
 H100 = dict(name="NVIDIA H100 80GB HBM3", memory_mib=81559, eccEnabled=True, computeCapability="9.0")
 A100 = dict(name="NVIDIA A100-SXM4-80GB", memory_mib=81920, eccEnabled=True, computeCapability="8.0")
 RTX4090 = dict(name="NVIDIA GeForce RTX 4090", memory_mib=24564, eccEnabled=False, computeCapability="8.9")

@@ -22,6 +22,35 @@ def test_the_shipped_default_policy_is_valid_and_keeps_premium_gpus_for_large_jo
     assert not p.class_named("large").denied_models
 
 
+@pytest.mark.parametrize("class_name", ["small", "medium"])
+def test_the_default_policy_keeps_every_premium_catalog_row_from_small_and_medium_jobs(class_name):
+    cat = default_catalog()
+    denied = set().union(*(cat.resolve_token(t) for t in default_policy().class_named(class_name).denied_models))
+    premium = {e.id for e in cat.entries.values() if e.tier == "premium"}
+    assert premium <= denied, sorted(premium - denied)
+    assert {"b200-sxm-180gb", "b300-sxm-288gb", "gb200-186gb", "gb300-288gb", "h200-nvl-141gb",
+            "mi325x", "mi355x"} <= denied
+
+
+def test_a_7b_job_is_not_sent_to_a_b200_or_gb200_by_default_when_an_l40_fits():
+    from node_agent.inventory import parse_inventory
+    from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
+    from tests.factories import gpu, inventory, pod
+
+    cat = default_catalog()
+    specs = {
+        "b200": dict(name="NVIDIA B200", memory_mib=183359, eccEnabled=True, computeCapability="10.0"),
+        "gb200": dict(name="NVIDIA GB200", memory_mib=189471, eccEnabled=True, computeCapability="10.0"),
+        "l40": dict(name="NVIDIA L40", memory_mib=46068, eccEnabled=True, computeCapability="8.9"),
+    }
+    states = [NodeState(n, build_node_view(parse_inventory(inventory(n, [gpu(i, **spec) for i in range(4)])), cat),
+                        NodeAllocation()) for n, spec in specs.items()]
+    d = Engine(default_policy()).decide(pod({"gpuplace.io/model-params": "7B"}), states, None)
+    passed = {r.node for r in d.results if r.passed}
+    assert passed == {"l40"}, [r.reason for r in d.results]
+    assert d.best().node == "l40"
+
+
 @pytest.mark.parametrize("change, path", [
     ({"scoring": {"cost": "high"}}, "scoring.cost"),
     ({"inventory": {"staleAfterSeconds": -1}}, "inventory.staleAfterSeconds"),

@@ -24,7 +24,7 @@ def test_model_params_accepts_suffixes_and_scientific_notation(text, value):
     ("gpuplace.io/model-params", "13 billion", "e.g. 350M, 7B"),
     ("gpuplace.io/model-params", "-7B", "parameter count"),
     ("gpuplace.io/workload", "pretraining", "training, finetune-lora, inference"),
-    ("gpuplace.io/precision", "fp4", "fp32, tf32, bf16"),
+    ("gpuplace.io/precision", "nf4", "fp32, tf32, bf16"),
     ("gpuplace.io/sharding", "zero4", "none, zero1"),
     ("gpuplace.io/vram", "forty gigs", "40Gi"),
     ("gpuplace.io/vram", "0", "40Gi"),
@@ -120,6 +120,17 @@ def test_precision_requirements_come_only_from_an_explicit_annotation():
     assert parse({"gpuplace.io/model-params": "7B"}).required_cc() is None
     assert parse({"gpuplace.io/precision": "bf16"}).required_cc() == ((8, 0), "bf16")
     assert parse({"gpuplace.io/precision": "fp8", "gpuplace.io/min-compute-capability": "8.0"}).required_cc() == ((8, 9), "fp8")
+
+
+@pytest.mark.parametrize("precision", ["fp6", "fp4"])
+def test_fp6_and_fp4_are_accepted_and_need_blackwell_compute_capability_10(precision):
+    req = parse({"gpuplace.io/precision": precision})
+    assert not req.errors
+    assert req.precision == precision
+    assert req.required_cc() == ((10, 0), precision)
+    # an explicit min-compute-capability above it wins
+    assert parse({"gpuplace.io/precision": precision,
+                  "gpuplace.io/min-compute-capability": "12.0"}).required_cc() == ((12, 0), "gpuplace.io/min-compute-capability")
 
 
 def test_garbage_metadata_never_raises():
