@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
 from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable, host_allocatable, node_mig_strategy
 from scheduler_extender.core.catalog import Catalog
+from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.requirements import pod_gpu_requests, pod_host_requests
 
@@ -45,6 +46,7 @@ class _Node:
     allocatable: Mapping[str, int] | None = None
     host: tuple[int | None, int | None] = (None, None)  # allocatable (CPU millicores, memory bytes)
     mig_strategy: str | None = None  # what the Node shows (node_mig_strategy)
+    gfd: tuple[tuple[str, str], ...] = ()  # its GPU feature discovery labels (core.gfd)
 
 
 @dataclass(frozen=True)
@@ -84,16 +86,24 @@ def bulk_load() -> Iterator[None]:
 
 def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
                          allocatable: Mapping[str, int] | None = None,
-                         mig_strategy: str | None = None) -> tuple[NodeView | None, str | None]:
+                         mig_strategy: str | None = None,
+                         labels: tuple[tuple[str, str], ...] = ()) -> tuple[NodeView | None, str | None]:
     """(view, None) for a valid annotation, (None, reason) otherwise; never raises.
 
     ``allocatable``: the Node's GPU resources from ``status.allocatable`` (None: unknown, not
     checked); an inventory claiming more than it is rejected (``core.allocatable``).
     ``mig_strategy``: what the Node shows (``node_mig_strategy``), used when the inventory does
-    not state one.
+    not state one. ``labels``: the Node's GPU feature discovery labels (``core.gfd.gfd_labels``);
+    without an annotation they give a view marked with its provenance (the policy decides
+    whether it is used).
     """
     if annotation is None:
-        return None, None
+        derived = inventory_from_labels(name, labels) if labels else None
+        if derived is None:
+            return None, None
+        view = build_node_view(derived, catalog, name, provenance=GFD_PROVENANCE)
+        contradiction = allocatable_contradiction(view, allocatable)
+        return (None, f"GPU feature discovery labels: {contradiction}") if contradiction else (view, None)
     try:
         inv = parse_inventory(annotation, source=ANNOTATION)
     except InventoryError as e:
@@ -182,12 +192,13 @@ class ClusterCache:
         allocatable = gpu_allocatable(obj)
         host = host_allocatable(obj)
         mig_strategy = node_mig_strategy(obj)
+        gfd = gfd_labels(obj) if annotation is None else ()
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
             self._states.pop(name, None)
         same_inventory = (current is not None and current.annotation == annotation
-                          and current.mig_strategy == mig_strategy)
+                          and current.mig_strategy == mig_strategy and current.gfd == gfd)
         if same_inventory and current is not None and current.allocatable == allocatable:
             return  # unchanged inventory, MIG strategy and GPU allocatable: keep the parsed view
         if same_inventory and current is not None and current.view is not None:
@@ -195,8 +206,8 @@ class ClusterCache:
             contradiction = allocatable_contradiction(current.view, allocatable)
             view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
         else:
-            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy)
-        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy)
+            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy, gfd)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd)
         if error:
             self.stats.inventory_errors[name] = error
         else:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from node_agent.inventory import ANNOTATION, InventoryError, format_validation_error, parse_inventory
 from scheduler_extender.cache import ClusterCache, bulk_load, parse_node_inventory
 from scheduler_extender.core.allocatable import gpu_allocatable, node_mig_strategy
+from scheduler_extender.core.gfd import gfd_labels
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
 from scheduler_extender.memo import BoundedMemo, content_digest
@@ -67,20 +68,22 @@ class _AnnotationFallback:
     def state(self, name: str, obj: Mapping[str, Any] | None) -> NodeState:
         annotation = ((obj or {}).get("metadata") or {}).get("annotations", {}) or {}
         text = annotation.get(ANNOTATION)
-        if text is None:
+        labels = gfd_labels(obj) if text is None else ()
+        if text is None and not labels:
             return NodeState(name=name, view=None)
         allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
         mig_strategy = node_mig_strategy(obj)
-        if not isinstance(text, str):
+        if text is not None and not isinstance(text, str):
             text = str(text)
         key = (content_digest(f"{len(name)}:{name}{text}".encode("utf-8", "surrogatepass")),
-               None if allocatable is None else tuple(sorted(allocatable.items())), mig_strategy)
+               None if allocatable is None else tuple(sorted(allocatable.items())), mig_strategy, labels)
         st = self._memo.get(key)
         if st is None:
-            view, error = parse_node_inventory(name, text, self._catalog, allocatable, mig_strategy)
+            view, error = parse_node_inventory(name, text, self._catalog, allocatable, mig_strategy, labels)
             alloc = allocation_from_inventory(view) if view else None
             st = NodeState(name=name, view=view, inventory_error=error, **({"allocation": alloc} if alloc else {}))
-            self._memo.put(key, st, 10 * (len(name) + len(text)) if view is not None
+            size = len(text or "") + sum(len(k) + len(v) for k, v in labels)
+            self._memo.put(key, st, 10 * (len(name) + size) if view is not None
                            else len(name) + len(error or ""))
         return st
 

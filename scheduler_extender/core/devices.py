@@ -130,6 +130,9 @@ class NodeView:
     units_by_resource: Mapping[str, tuple[Unit, ...]]
     description: str = field(default="")
     observed_ts: float = field(default=0.0)  # inventory.observedAt as POSIX seconds: cheap to compare
+    provenance: str = field(default="")
+    """Empty for an agent's inventory; else where it came from (``core.gfd.PROVENANCE``): every
+    reason for the node says so, and it is never stale (labels are current while the Node is)."""
 
     def units(self, resource: str) -> tuple[Unit, ...]:
         return self.units_by_resource.get(resource, ())
@@ -144,7 +147,7 @@ class NodeView:
 
 
 def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: str | None = None,
-                    node_mig_strategy: str | None = None) -> NodeView:
+                    node_mig_strategy: str | None = None, provenance: str = "") -> NodeView:
     """Index an inventory's units by the resource that schedules them (see module docstring).
 
     The MIG strategy is the inventory's when the agent states it, else ``node_mig_strategy``
@@ -171,8 +174,9 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
         name=node_name or inventory.node_name,
         inventory=inventory,
         units_by_resource={k: tuple(v) for k, v in by_resource.items()},
-        description=desc,
+        description=f"{desc}, from GPU feature discovery labels" if provenance else desc,
         observed_ts=inventory.observed_at.timestamp(),
+        provenance=provenance,
     )
 
 

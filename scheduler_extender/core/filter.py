@@ -14,6 +14,7 @@ Failures a pod can never overcome on the node (wrong model, too little VRAM, no 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Sequence
@@ -269,6 +270,12 @@ def inventory_rejection(state: NodeState, policy: Policy, now: dt.datetime | Non
         if state.inventory_error:
             return Rejection(C_INVENTORY, f"GPU inventory rejected: {state.inventory_error}")
         return Rejection(C_INVENTORY, "no GPU inventory (annotation gpuplace.io/inventory missing; is gpuplace-agent running on this node?)")
+    if state.view.provenance:
+        if policy.inventory.on_missing != "gfd-labels":
+            return Rejection(C_INVENTORY, "no GPU inventory (annotation gpuplace.io/inventory missing; is gpuplace-agent "
+                                          "running on this node?); its GPU feature discovery labels are not used "
+                                          "(policy inventory.onMissing: reject; gfd-labels would use them)")
+        return None  # labels are current while the Node is: never stale
     if now is not None and policy.inventory.on_stale == "reject":
         age = (now - state.view.inventory.observed_at).total_seconds()
         limit = policy.inventory.stale_after_seconds
@@ -303,6 +310,18 @@ UnitVerdicts = dict
 
 def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None,
                 unit_verdicts: UnitVerdicts | None = None) -> NodeResult:
+    """Decide whether ``job`` can run on the node now, and on which units (``_filter_node``);
+    every reason for a node decided on a derived inventory says where it came from."""
+    result = _filter_node(job, state, policy, now, unit_verdicts)
+    provenance = state.view.provenance if state.view is not None else ""
+    if result.passed or not provenance or any(r.criterion == C_INVENTORY for r in result.rejections):
+        return result
+    return dataclasses.replace(result, rejections=tuple(
+        dataclasses.replace(r, message=f"{r.message} ({provenance})") for r in result.rejections))
+
+
+def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None,
+                 unit_verdicts: UnitVerdicts | None = None) -> NodeResult:
     """Decide whether ``job`` can run on the node now, and on which units.
 
     Args:

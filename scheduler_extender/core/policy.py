@@ -96,8 +96,11 @@ class ClassRule(_Strict):
 class InventorySettings(_Strict):
     stale_after_seconds: float = Field(default=300, alias="staleAfterSeconds", gt=0,
                                        description="An inventory older than this is stale (agent heartbeat is 60 s).")
-    on_missing: Literal["reject"] = Field(default="reject", alias="onMissing",
-                                          description="GPU pods fail on nodes without an inventory.")
+    on_missing: Literal["reject", "gfd-labels"] = Field(
+        default="reject", alias="onMissing",
+        description="Nodes without a gpuplace.io/inventory: reject fails GPU pods there; gfd-labels decides on "
+        "NVIDIA GPU feature discovery's labels where the Node has them (product, memory, count; ECC, "
+        "NVLink and health unknown, said in every reason), to try gpuplace before rolling out the agent.")
     on_stale: Literal["reject", "trust"] = Field(default="reject", alias="onStale")
 
 
