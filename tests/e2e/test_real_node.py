@@ -46,9 +46,12 @@ def node_inventory() -> dict:
     """The real node's GPUs: one whole A100-SXM4-80GB (``nvidia.com/gpu``) and one split into two
     3g.40gb MIG devices (``nvidia.com/mig-3g.40gb``, the NVIDIA device plugin's ``mixed`` strategy),
     from ``examples/cluster/gpu-a100-mig-0.json``. The default policy keeps a whole A100-80GB for
-    class ``large``: a 13B inference pod gets a slice, a 30B one the whole GPU."""
+    class ``large``: a 13B inference pod gets a slice, a 30B one the whole GPU. The inventory
+    states no MIG strategy, as the agent publishes it with the chart's defaults: the extender
+    reads ``mixed`` from the node's allocatable, where the device plugin advertises
+    ``nvidia.com/mig-3g.40gb``."""
     inv = json.loads((REPO_ROOT / "examples" / "cluster" / "gpu-a100-mig-0.json").read_text())
-    inv["migStrategy"] = "mixed"
+    inv.pop("migStrategy", None)
     whole = inv["gpus"][0]
     whole["migEnabled"] = False
     whole.pop("migDevices")
