@@ -110,6 +110,7 @@ def values_schema() -> dict[str, Any]:
                 "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT, **EXTRA,
                 "debugEndpoints": {"type": "boolean", "description": "serve GET /debug/allocations (--debug-endpoints)"},
+                "filterReturnsBest": {"type": "boolean", "description": "one round trip per pod (--filter-returns-best)"},
                 "networkPolicy": obj({"enabled": {"type": "boolean"}, "extraFrom": NETWORK_POLICY_PEERS,
                                       "healthFrom": NETWORK_POLICY_PEERS}),
                 "requeue": obj({"enabled": {"type": "boolean"},

@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                    help="close at once a connection beyond N open ones, per port, so that clients cannot use up "
                         f"the process's file descriptors (default: {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--filter-returns-best", action="store_true",
+                   help="/filter also scores and passes only the best-scored nodes (ties kept; the others are "
+                        "listed as failed with their score), so kube-scheduler can run without a prioritizeVerb: "
+                        "one round trip per pod. kube-scheduler's own score plugins then choose only among "
+                        "gpuplace's best nodes, and another extender sees only those")
     p.add_argument("--decision-threads", type=int, default=DEFAULT_DECISION_THREADS, metavar="N",
                    help="worker threads that parse and decide /filter, /prioritize and /explain requests, so "
                         "that a large request never holds up /healthz, /readyz, /metrics or the others; requests "
@@ -312,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         watch.start()
 
     service = ExtenderService(engine, source, metrics)
+    service.filter_returns_best = args.filter_returns_best
     if not args.inventory_dir:
         pending = _start_pending_watch(watch, metrics, service)
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)

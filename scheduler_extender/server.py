@@ -183,6 +183,9 @@ class ExtenderService:
         self.learn_from_requests = True
         # Pods /filter passed no node for, requeued when a change lets one pass (cluster mode).
         self.requeue: Requeuer | None = None
+        # --filter-returns-best: /filter also scores and passes only the best-scored nodes, so
+        # kube-scheduler needs no prioritize call (one round trip per pod).
+        self.filter_returns_best = False
 
     def _learn(self, job: Any, pod: Any) -> None:
         shape = demand_shape(job)
@@ -426,6 +429,7 @@ class ExtenderService:
                 m.quality.failed_nodes.labels(resolvable).inc(count)
         for criterion, count in rejected.items():
             m.rejections.labels(criterion).inc(count)
+        best_only = self.filter_returns_best and passing > 1 and not job.errors
         if passing == 1 and not job.errors:
             # kube-scheduler skips prioritize when one node is feasible: this is the placement
             only = next(r for r in results if r.passed)
@@ -438,9 +442,42 @@ class ExtenderService:
                      "; ".join(f"{for_log(n)}: {for_log(results[g].reason, 1000)}"
                                for n, g in zip(names[:5], grouped.group_of))
                      + (" ..." if len(names) > 5 else ""))
+        if best_only and not all(r.untouched for r in results if r.passed):
+            return self._best_only_response(job, args, names, grouped)
         if grouped.answer_key is not None:  # the classes of a remembered NodeNames list (``_named_states``)
             return self._answer("filter", grouped, lambda: self._filter_names_body(grouped))
         return self._answer("filter", grouped, lambda: dumps(self._filter_body(args, grouped)))
+
+    def _best_only_response(self, job: Job, args: ExtenderArgs, names: list[str], grouped: GroupedResults) -> bytes:
+        """``/filter`` with ``--filter-returns-best``: the nodes that pass *and* have the best
+        score (ties kept) pass; the others that pass are listed as failed, resolvable, with their
+        score and the best, so ``kubectl describe pod`` still says why each was left out. The
+        score is the one ``/prioritize`` gives (``Engine.score_grouped``), so the placement is the
+        one the two-verb mode makes when kube-scheduler's own scores do not decide it."""
+        workload = self.workload_profile()
+        scored = self.engine.score_grouped(job, grouped, workload)
+        per_node = [scored.scores[i] for i in scored.score_of]
+        best = max((sc.score for sc in per_node if sc is not None), default=None)
+        first_best = next((i for i, sc in enumerate(per_node) if sc is not None and sc.score == best), None)
+        if first_best is not None:
+            self._count_placement(job, scored.results[scored.score_of[first_best]])
+
+        def build() -> bytes:
+            passing: list[str] = []
+            failed: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+            for name, g, sc in zip(names, grouped.group_of, per_node):
+                r = grouped.results[g]
+                if r.passed and (sc is None or sc.score == best):
+                    passing.append(name)
+                elif r.passed:
+                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 and another node {best} "
+                                    "(the extender's filter returns its best-scored nodes only)")
+                else:
+                    (unresolvable if r.unresolvable else failed)[name] = r.reason
+            return dumps(self._result_body(args, passing, failed, unresolvable))
+
+        return self._answer(("filter-best", workload.version), grouped, build)
 
     def _filter_names_body(self, grouped: GroupedResults) -> bytes:
         """``_filter_body`` for ``NodeNames`` of a remembered node list (results with an
@@ -500,6 +537,12 @@ class ExtenderService:
                 passing.extend(nodes)
             else:
                 (unresolvable if r.unresolvable else failed).update(dict.fromkeys(nodes, r.reason))
+        return ExtenderService._result_body(args, passing, failed, unresolvable)
+
+    @staticmethod
+    def _result_body(args: ExtenderArgs, passing: list[str], failed: dict[str, str],
+                     unresolvable: dict[str, str]) -> dict[str, Any]:
+        """The ``ExtenderFilterResult``: passing nodes as names or as Node objects, as sent."""
         body: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if args.NodeNames is not None:
             body["NodeNames"] = passing

@@ -171,8 +171,10 @@ app.kubernetes.io/part-of: gpuplace
 extenders:
 - urlPrefix: {{ include "gpuplace.extender.url" . }}
   filterVerb: filter
+  {{- if not .Values.extender.filterReturnsBest }}
   prioritizeVerb: prioritize
   weight: {{ .Values.scheduler.extender.weight }}
+  {{- end }}
   nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
   enableHTTPS: {{ .Values.extender.tls.enabled }}
   {{- with .Values.extender.tls }}
