@@ -56,6 +56,7 @@ from tests.harness.gpucluster import node_allocatable, start_extender
 PLAIN = "bench-plain-scheduler"
 GPUPLACE = "gpuplace-scheduler"
 FLOOR = "bench-floor-scheduler"
+ONE_TRIP = "gpuplace-one-trip-scheduler"
 
 
 def create_nodes(cp: ControlPlane, docs: list[dict[str, Any]], workers: int) -> float:
@@ -99,6 +100,7 @@ class BindingWatch:
         self.core = k8s.CoreV1Api(cp.api_client())
         self.namespace = namespace
         self.bound_at: dict[str, float] = {}
+        self.node_of: dict[str, str] = {}  # pod name -> the node it was bound to
         listed = orjson.loads(self.core.list_namespaced_pod(namespace, _preload_content=False).data)
         self._rv = listed["metadata"]["resourceVersion"]
         self._stop = threading.Event()
@@ -127,6 +129,7 @@ class BindingWatch:
             self._rv = meta.get("resourceVersion", self._rv)
             if (obj.get("spec") or {}).get("nodeName") and meta.get("name") not in self.bound_at:
                 self.bound_at[meta["name"]] = time.perf_counter()
+                self.node_of[meta["name"]] = obj["spec"]["nodeName"]
         resp.release_conn()
 
     def stop(self) -> None:
@@ -149,7 +152,8 @@ def measure_binding(watch: BindingWatch, total: int, settle: float, timeout: flo
     span = times[-1] - times[0] if len(times) > 1 else 0.0
     return {"pods": total, "bound": len(times), "span_s": span,
             "pods_per_s": (len(times) - 1) / span if span > 0 else None,
-            "all_bound_after_start_s": (times[-1] - start) if times else None}
+            "all_bound_after_start_s": (times[-1] - start) if times else None,
+            "placements": dict(watch.node_of)}
 
 
 class CpuMeter:
@@ -258,12 +262,29 @@ def run_scheduler(cp: ControlPlane, namespace: str, pods: int, spec: SchedulerSp
     return out
 
 
+def node_kinds(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """Node name -> what the filter and score can tell apart of it at the start: its GPU models and
+    MIG strategy (generated nodes of one kind are alike but for what is already allocated)."""
+    return {d["nodeName"]: f"{len(d['gpus'])}x {d['gpus'][0]['name'] if d['gpus'] else '-'} {d.get('migStrategy', '')}"
+            for d in docs}
+
+
+def compare_placements(a: dict[str, str], b: dict[str, str], kinds: dict[str, str]) -> dict[str, Any]:
+    """Pod by pod: bound in both runs to the same kind of node, to another kind, or in one run only."""
+    both = set(a) & set(b)
+    same = sum(1 for pod in both if kinds.get(a[pod]) == kinds.get(b[pod]))
+    return {"pods_bound_in_both": len(both), "same_node_kind": same, "other_node_kind": len(both) - same,
+            "bound_in_one_run_only": len(set(a) ^ set(b))}
+
+
 def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "pods": args.pods, "load_average_start": load_average(),
                            "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
     cp = ControlPlane(workdir / f"cp-{nodes}", scheduler_configs=[])
     with cp:
-        out["node_create_s"] = create_nodes(cp, generate_cluster(nodes), args.workers)
+        docs = generate_cluster(nodes)
+        kinds = node_kinds(docs)
+        out["node_create_s"] = create_nodes(cp, docs, args.workers)
         pods = generate_pods(args.pods)
         spec_kw = {"qps": args.qps, "burst": args.burst, "percentage_of_nodes_to_score": args.percentage_of_nodes_to_score}
 
@@ -292,6 +313,22 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
         finally:
             extender.stop()
         previous = "bench-gpuplace"
+        if args.one_trip:
+            # The same pods with --filter-returns-best and no prioritizeVerb: one round trip per pod.
+            delete_pods(cp, previous)
+            extender = start_extender(cp.kubeconfig_path, cp.logs, wait_ready=300, extra_args=["--filter-returns-best"])
+            try:
+                create_pods(cp, pods, "bench-one-trip", ONE_TRIP, args.workers)
+                out["with_extender_one_trip"] = run_scheduler(
+                    cp, "bench-one-trip", len(pods),
+                    SchedulerSpec(name=ONE_TRIP, extender=ExtenderSpec(url_prefix=extender.url, prioritize_verb=None),
+                                  **spec_kw), args, extender_pid=extender.proc.pid)
+                cp.stop_scheduler(ONE_TRIP)
+            finally:
+                extender.stop()
+            out["one_trip_vs_two_verbs_placements"] = compare_placements(
+                out["with_extender"]["placements"], out["with_extender_one_trip"]["placements"], kinds)
+            previous = "bench-one-trip"
         for server in args.floor:
             # The same pods through a floor server (benchmarks/refserver.py): what any Python
             # extender on that stack costs kube-scheduler before it decides anything.
@@ -312,6 +349,15 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
             previous = namespace
     a, b = out["without_extender"]["pods_per_s"], out["with_extender"]["pods_per_s"]
     out["ratio"] = (b / a) if a and b else None
+    if "with_extender_one_trip" in out:
+        c = out["with_extender_one_trip"]["pods_per_s"]
+        out["one_trip_ratio"] = (c / a) if a and c else None
+        cmp = out["one_trip_vs_two_verbs_placements"]
+        print(f"  {nodes:>6} nodes: one round trip (--filter-returns-best) {_rate(c)} = "
+              f"{out['one_trip_ratio'] * 100 if out['one_trip_ratio'] else float('nan'):.0f}% of without; "
+              f"placements vs filter+prioritize: {cmp['same_node_kind']} of {cmp['pods_bound_in_both']} pods on the same "
+              f"kind of node, {cmp['other_node_kind']} on another, {cmp['bound_in_one_run_only']} bound in one run only",
+              flush=True)
     out["load_average_end"] = load_average()
     w, e = out["without_extender"], out["with_extender"]
     floor_text = ""
@@ -326,6 +372,7 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str,
           f"(nodes created in {out['node_create_s']:.0f} s; extender peak RSS {out['extender_peak_rss_mib']:.0f} MiB; "
           f"load {out['load_average_start']} -> {out['load_average_end']})", flush=True)
     for label, key in (("without extender", "without_extender"), ("with gpuplace", "with_extender"),
+                       ("with one trip", "with_extender_one_trip"),
                        *((f"with the {'' if server == 'starlette' else server + ' '}floor", _floor_key(server))
                          for server in args.floor)):
         if key in out:
@@ -377,6 +424,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--percentage-of-nodes-to-score", type=int, metavar="PCT",
                    help="kube-scheduler's percentageOfNodesToScore in every run (default: its adaptive sample, "
                         "46%% at 500 nodes; the chart sets 100: kube-scheduler samples before it calls extenders)")
+    p.add_argument("--no-one-trip", dest="one_trip", action="store_false",
+                   help="skip the run with --filter-returns-best and no prioritizeVerb (one round trip per pod)")
     p.add_argument("--workers", type=int, default=8, help="client threads creating nodes and pods (default 8)")
     p.add_argument("--settle", type=float, default=10, help="stop waiting after this many seconds without a binding")
     p.add_argument("--timeout", type=float, default=300, help="longest wait for one run, seconds")
