@@ -167,6 +167,7 @@ def values_schema() -> dict[str, Any]:
                 "fakeInventory": fake_inventory,
                 "migStrategy": {"enum": ["", "none", "single", "mixed"]},
                 "ignoreXids": {"type": "string", "pattern": r"^(|all|[=+]?[0-9]{1,5}(,[0-9]{1,5})*)$"},
+                "xidRecoverySeconds": {"type": "number", "minimum": 0},
                 "intervalSeconds": {"type": "number", "exclusiveMinimum": 0},
                 "metricsPort": integer(1, maximum=65535),
                 "podResourcesDir": s(pattern="^/"),

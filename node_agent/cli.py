@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="XIDs that leave a GPU healthy: '' = the device plugin's application XIDs "
                      "13,31,43,45,68,109 (default); '48,79' adds to them; '=13,31' exactly these; "
                      "'all' turns XID health off")
+    src.add_argument("--xid-recovery-seconds", type=float, default=0.0, metavar="S",
+                     help="a GPU or MIG device with no critical XID for S seconds is healthy again as far as XIDs "
+                     "go (default 0: until the driver is reloaded or the agent restarts)")
     src.add_argument("--keep-running-without-driver", action="store_true",
                      help="when the NVIDIA driver is unusable, report zero GPUs instead of exiting")
     src.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
@@ -155,9 +158,10 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
 
 
 def _xid_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.ignore_xids is None:
-        return {}
-    return {"ignored_xids": None if args.ignore_xids == "all" else args.ignore_xids}
+    out: dict[str, Any] = {"xid_recovery_seconds": max(0.0, args.xid_recovery_seconds)}
+    if args.ignore_xids is not None:
+        out["ignored_xids"] = None if args.ignore_xids == "all" else args.ignore_xids
+    return out
 
 
 class _DriverlessProbe:

@@ -33,6 +33,7 @@ import ctypes
 import datetime as dt
 import logging
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -419,6 +420,8 @@ class NVMLProbe:
         hold_nvml: keep NVML open between probes; default: only while XIDs are watched (events
             reach only an open event set). See ``probe`` for when it is closed anyway.
         ignored_xids: XIDs that leave a GPU healthy (``parse_ignored_xids``); None ignores all.
+        xid_recovery_seconds: a GPU (or MIG device) whose last critical XID is this old is healthy
+            again as far as XIDs go; 0 keeps it until a driver reload or an agent restart.
     """
 
     def __init__(
@@ -432,6 +435,8 @@ class NVMLProbe:
         watch_xids: bool = True,
         ignored_xids: frozenset[int] | None = APPLICATION_XIDS,
         hold_nvml: bool | None = None,
+        xid_recovery_seconds: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
     ) -> None:
         self.nvml = NVMLSession(nvml_module, library)
@@ -440,7 +445,9 @@ class NVMLProbe:
         self._numa_lookup = numa_lookup or sysfs_numa_node
         self._clock = clock
         # ignored_xids None: the operator turned XID health off (--ignore-xids all).
-        self._xids = _XidWatcher(self.nvml, ignored_xids) if watch_xids and ignored_xids is not None else None
+        self._xids = (_XidWatcher(self.nvml, ignored_xids, xid_recovery_seconds, monotonic)
+                      if watch_xids and ignored_xids is not None else None)
+        self._reloaded = False  # a call answered as after a driver reload: XIDs seen before are void
         self._hold = (self._xids is not None) if hold_nvml is None else hold_nvml
         self._probe_lock = threading.Lock()  # one probe at a time: the XID event set is shared
 
@@ -795,6 +802,8 @@ class NVMLProbe:
         return any("reset" in reason for g in inventory.gpus for reason in g.health_reasons)
 
     def _release(self) -> None:
+        if self.nvml.driver_gone:
+            self._reloaded = True
         self.nvml.shutdown()
         if self._xids is not None:
             self._xids.session_closed()
@@ -822,6 +831,10 @@ class NVMLProbe:
             if handle is not None and raw.fields.get("uuid"):
                 handles[raw.fields["uuid"]] = handle
         if self._xids is not None:
+            if self._reloaded:
+                self._xids.forget_all()
+                self._reloaded = False
+            self._xids.expire()
             self._xids.watch(handles)
             for raw in raws:
                 uuid = raw.fields.get("uuid", "")
@@ -966,17 +979,23 @@ class _XidWatcher:
 
     The GPUs are registered once on an NVML event set; every probe drains it with a zero timeout
     (``nvmlEventSetWait(set, 0)`` returns NVML_ERROR_TIMEOUT when nothing is queued), so a probe
-    never blocks on events. XIDs are kept for the agent's lifetime, across NVML sessions: a critical XID (48 double-bit
-    ECC, 79 fallen off the bus...) needs a GPU reset, which also restarts this agent's view.
+    never blocks on events. XIDs are kept across NVML sessions until the driver is reloaded (which
+    resets the GPUs: ``forget_all``), the agent restarts, or, with ``recovery_seconds``, that long
+    passes without another critical XID on the GPU or MIG device (``expire``): a critical XID (48
+    double-bit ECC, 79 fallen off the bus...) needs a reset or a drain.
     Application XIDs (``APPLICATION_XIDS``) are ignored. Where the driver refuses the
     registration (NOT_SUPPORTED, e.g. some vGPU guests) XIDs are simply not watched, logged once.
     """
 
     MAX_EVENTS_PER_PROBE = 1024  # bound the drain loop even if a GPU floods events
 
-    def __init__(self, nvml: NVMLSession, ignored: frozenset[int] = APPLICATION_XIDS) -> None:
+    def __init__(self, nvml: NVMLSession, ignored: frozenset[int] = APPLICATION_XIDS,
+                 recovery_seconds: float = 0.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
         self._ignored = ignored
+        self._recovery_seconds = recovery_seconds
+        self._monotonic = monotonic
+        self._last_seen: dict[Any, float] = {}  # GPU UUID or (UUID, GPU instance) -> last critical XID
         self._set: Any = None
         self._registered: set[str] = set()
         self._failed = False
@@ -988,6 +1007,22 @@ class _XidWatcher:
         """NVML was shut down: the event set and registrations are gone; the XIDs seen stay."""
         self._set = None
         self._registered.clear()
+
+    def forget_all(self) -> None:
+        """The driver was reloaded, which resets every GPU: the XIDs seen before no longer apply."""
+        self.critical.clear()
+        self.mig_critical.clear()
+        self._last_seen.clear()
+
+    def expire(self) -> None:
+        """Forget the XIDs of a GPU or MIG device that reported none for ``recovery_seconds``
+        (0: never; the operator's ``--xid-recovery-seconds``)."""
+        if self._recovery_seconds <= 0:
+            return
+        cutoff = self._monotonic() - self._recovery_seconds
+        for key in [k for k, t in self._last_seen.items() if t < cutoff]:
+            del self._last_seen[key]
+            (self.mig_critical if isinstance(key, tuple) else self.critical).pop(key, None)
 
     def watch(self, handles: dict[str, Any]) -> None:
         nvml = self._nvml
@@ -1022,9 +1057,11 @@ class _XidWatcher:
                 if gi != NO_GPU_INSTANCE:  # scoped to one MIG device: the rest of the GPU is fine
                     log.warning("GPU %s, GPU instance %d reported critical XID %d", _text(uuid), gi, xid)
                     self.mig_critical.setdefault((_text(uuid), gi), set()).add(xid)
+                    self._last_seen[(_text(uuid), gi)] = self._monotonic()
                 else:
                     log.warning("GPU %s reported critical XID %d", _text(uuid), xid)
                     self.critical.setdefault(_text(uuid), set()).add(xid)
+                    self._last_seen[_text(uuid)] = self._monotonic()
 
 
 def unavailable_inventory(node_name: str, mig_strategy: MigStrategy | None, now: dt.datetime | None = None) -> NodeGPUInventory:

@@ -203,3 +203,30 @@ def test_calls_before_init_are_uninitialized_as_in_nvml_h():
     pynvml._nvmlGetFunctionPointer_cache.clear()
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
+
+
+def test_xids_are_forgotten_after_the_recovery_time_without_another():
+    data = fixture_data(RTX4090)
+    now = [1000.0]
+    fake = fake_from(data)
+    probe = probe_of(fake, xid_recovery_seconds=600, monotonic=lambda: now[0])
+    probe.probe()
+    fake.post_xid(data["gpus"][0]["uuid"], 48)
+    assert not probe.probe().gpus[0].healthy
+    now[0] += 300
+    assert not probe.probe().gpus[0].healthy, "still within the recovery time"
+    now[0] += 301
+    assert probe.probe().gpus[0].healthy
+
+
+def test_xids_are_forgotten_after_a_driver_reload():
+    data = fixture_data(RTX4090)
+    fake = fake_from(data)
+    probe = probe_of(fake)
+    probe.probe()
+    fake.post_xid(data["gpus"][0]["uuid"], 79)
+    assert not probe.probe().gpus[0].healthy
+    fake.fixture.gpus[0].errors["nvmlDeviceGetEnforcedPowerLimit"] = "GPU_IS_LOST"  # answers as after a reload
+    probe.probe()
+    del fake.fixture.gpus[0].errors["nvmlDeviceGetEnforcedPowerLimit"]
+    assert probe.probe().gpus[0].healthy, "a reloaded driver reset the GPU"
