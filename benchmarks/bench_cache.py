@@ -1,6 +1,6 @@
 """Cluster cache: the cost of watch events, and memory per node.
 
-Feeds ``ClusterCache`` (cluster mode's state, ``scheduler_extender/cache.py``) the way the watch
+Feeds ``ClusterCache`` (cluster mode's state, ``scheduler_extender/cluster/cache.py``) the way the watch
 loop does (decoded JSON objects, one event at a time) and measures events per second:
 
 - initial list of N Nodes (each annotation parsed and indexed) and of P Pods;
@@ -33,7 +33,7 @@ import orjson
 from benchmarks.cluster import generate_cluster
 from benchmarks.common import ROOT, describe_machine, load_average, machine, rss_mib, write_results
 from node_agent.inventory import ANNOTATION
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 
 

@@ -19,7 +19,7 @@ from benchmarks.bench_extender import first_of_spec
 from benchmarks.cluster import POD_MIX, generate_pods, pod
 from benchmarks.common import percentile
 from benchmarks.profile_extender import static_service
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.wire import parse_extender_args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,13 +23,13 @@ import orjson
 
 from benchmarks.cluster import generate_cluster, generate_pods
 from node_agent.inventory import ANNOTATION
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.requeue import CHECK_INTERVAL_SECONDS, Requeuer
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import ClusterSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.cluster.requeue import CHECK_INTERVAL_SECONDS, Requeuer
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import ClusterSource
+from scheduler_extender.service.wire import parse_extender_args
 from tests.harness.gpucluster import node_allocatable
 
 

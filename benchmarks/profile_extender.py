@@ -19,9 +19,9 @@ import orjson
 from benchmarks.cluster import generate_cluster, generate_pods, write_cluster
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import StaticSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.service.wire import parse_extender_args
 
 
 def static_service(nodes: int) -> tuple[ExtenderService, list[str]]:

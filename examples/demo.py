@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.quantity import fmt_gib
-from scheduler_extender.sources import StaticSource
+from scheduler_extender.cluster.sources import StaticSource
 from tests.harness.controlplane import ControlPlane, ensure_binaries, pod_events
 from tests.harness.gpucluster import (
     ROOT, add_gpuplace_scheduler, create_gpu_nodes, create_pods, load_pod_manifests, start_extender, wait_placements,

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from node_agent.version import add_version_argument
-from scheduler_extender.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, bounded_http_protocol
+from scheduler_extender.service.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, bounded_http_protocol
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import (DEFAULT_DECISION_THREADS, MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES,
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.service.server import (DEFAULT_DECISION_THREADS, MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES,
                                        ExtenderService, create_app, create_health_app)
-from scheduler_extender.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
-from scheduler_extender.watch import WATCH_TIMEOUT_SECONDS
+from scheduler_extender.service.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
+from scheduler_extender.cluster.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
 
@@ -179,8 +179,8 @@ def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics, service: 
     API server's view, not from requests."""
     from kubernetes import client
 
-    from scheduler_extender.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
-    from scheduler_extender.watch import ResourceWatcher
+    from scheduler_extender.cluster.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
+    from scheduler_extender.cluster.watch import ResourceWatcher
     pending = PendingGpuPods(on_new=service.observe_pod)
     service.learn_from_requests = False
     pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
@@ -191,7 +191,7 @@ def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics, service: 
 
 
 def _register_cluster_collector(metrics: ExtenderMetrics, source: Any, pending: Any) -> None:
-    from scheduler_extender.cluster_metrics import ClusterStateCollector
+    from scheduler_extender.cluster.cluster_metrics import ClusterStateCollector
     metrics.registry.register(ClusterStateCollector(source, pending))
 
 
@@ -199,7 +199,7 @@ def _policy_configmap_watcher(args: argparse.Namespace, metrics: ExtenderMetrics
     """The ConfigMap watcher with its first policy loaded, or None (after printing why)."""
     from kubernetes import client
 
-    from scheduler_extender.policy_configmap import PolicyConfigMapError, PolicyConfigMapWatcher, parse_ref
+    from scheduler_extender.cluster.policy_configmap import PolicyConfigMapError, PolicyConfigMapWatcher, parse_ref
     try:
         ns, name = parse_ref(args.policy_configmap)
         w = PolicyConfigMapWatcher(client.ApiClient(), ns, name, args.policy_configmap_key, metrics, catalog)
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
               "cluster mode reads namespace labels from the API server", file=sys.stderr)
         return 2
     if args.inventory_dir:
-        from scheduler_extender.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+        from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
         try:
             labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
             source = StaticSource(args.inventory_dir, catalog, labels)
@@ -288,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from kubernetes import client, config
 
-        from scheduler_extender.cache import ClusterCache
-        from scheduler_extender.sources import ClusterSource
-        from scheduler_extender.watch import ClusterWatch, namespace_reader
+        from scheduler_extender.cluster.cache import ClusterCache
+        from scheduler_extender.cluster.sources import ClusterSource
+        from scheduler_extender.cluster.watch import ClusterWatch, namespace_reader
         try:
             if args.kubeconfig:
                 config.load_kube_config(config_file=args.kubeconfig)
@@ -323,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
     background: list[Callable[[], Awaitable[None]]] = []
     if args.requeue_rejected_pods and not args.inventory_dir:
-        from scheduler_extender.requeue import Requeuer, pod_patcher
+        from scheduler_extender.cluster.requeue import Requeuer, pod_patcher
         service.requeue = Requeuer(service, pod_patcher(client.ApiClient()), pending.waits, metrics.requeue)
         background.append(service.requeue.run)
     if args.policy_configmap:
-        from scheduler_extender.policy_configmap import engine_swapper
+        from scheduler_extender.cluster.policy_configmap import engine_swapper
         policy_watcher.start(engine_swapper(service))
     if args.policy:
         PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()

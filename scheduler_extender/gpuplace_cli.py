@@ -15,7 +15,7 @@ from node_agent.version import add_version_argument
 from scheduler_extender.core.catalog import CatalogEntry, UnknownModelError, default_catalog, normalize_token
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
-from scheduler_extender.explain import component_weights, explain_decision
+from scheduler_extender.service.explain import component_weights, explain_decision
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.tenancy import UNRESTRICTED
 
@@ -85,14 +85,14 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
 def _live_source(kubeconfig: str, catalog: Any) -> Any:
     """Nodes and pods listed once from the cluster of ``kubeconfig``, in the extender's cache."""
     from kubernetes import client, config
-    from scheduler_extender.explain import cluster_states_from_api
+    from scheduler_extender.service.explain import cluster_states_from_api
     config.load_kube_config(config_file=kubeconfig)
     with client.ApiClient() as api:
         return cluster_states_from_api(api, catalog)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from scheduler_extender.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+    from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
     try:
         policy = load_policy(args.policy)
     except PolicyError as e:

@@ -259,7 +259,7 @@ def waiting_pod(chart) -> k8s.V1Pod:
 
 
 def test_the_extender_token_may_set_its_requeue_mark_on_a_waiting_pod_and_nothing_else(chart, waiting_pod):
-    from scheduler_extender.requeue import REQUEUE_ANNOTATION, pod_patcher
+    from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, pod_patcher
 
     patch = pod_patcher(chart["extender_api"])  # the extender's own code path, under its own token
     assert patch("default", "waits", waiting_pod.metadata.uid) == "requeued"

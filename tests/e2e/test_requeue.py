@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from scheduler_extender.requeue import REQUEUE_ANNOTATION
+from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION
 from tests.harness.controlplane import (
     ControlPlane, ExtenderSpec, SchedulerSpec, create_node, pod_events, skip_if_e2e_disabled, wait_for,
 )

@@ -8,14 +8,14 @@ from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
 from node_agent.inventory import parse_inventory
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import build_node_view
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.server import ExtenderService, create_app
-from scheduler_extender.sources import ClusterSource
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.cluster.sources import ClusterSource
 from tests.factories import example_inventory, gpu, inventory, pod
 
 

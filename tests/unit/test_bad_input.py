@@ -8,8 +8,8 @@ from starlette.testclient import TestClient
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.quantity import QuantityError, parse_quantity
-from scheduler_extender.server import ExtenderService, create_app
-from scheduler_extender.sources import StaticSource
+from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES, pod
 
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
@@ -139,7 +139,7 @@ def test_deeply_nested_inventories_and_policies_are_rejected_not_a_recursion_err
 
 
 def test_a_deeply_nested_inventory_annotation_does_not_stop_the_cache_from_syncing():
-    from scheduler_extender.cache import ClusterCache
+    from scheduler_extender.cluster.cache import ClusterCache
 
     c = ClusterCache(default_catalog())
     c.replace_nodes([{"metadata": {"name": "n1", "annotations": {"gpuplace.io/inventory": "[" * 5000}}}])

@@ -2,7 +2,7 @@
 
 import json
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from tests.factories import example_inventory, pod
 

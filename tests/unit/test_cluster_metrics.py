@@ -9,11 +9,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from node_agent.inventory import ANNOTATION
-from scheduler_extender.cache import ClusterCache
-from scheduler_extender.cluster_metrics import ClusterStateCollector
+from scheduler_extender.cluster.cache import ClusterCache
+from scheduler_extender.cluster.cluster_metrics import ClusterStateCollector
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.pending import PendingGpuPods
-from scheduler_extender.sources import ClusterSource
+from scheduler_extender.cluster.pending import PendingGpuPods
+from scheduler_extender.cluster.sources import ClusterSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from scheduler_extender.connections import bounded_http_protocol
+from scheduler_extender.service.connections import bounded_http_protocol
 from tests.harness.controlplane import free_port, wait_for
 
 HEADER_TIMEOUT_SECONDS = 0.5

@@ -12,11 +12,11 @@ from prometheus_client import generate_latest
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import default_policy
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.policy_configmap import PolicyConfigMapWatcher, engine_swapper, parse_ref
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import StaticSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.cluster.policy_configmap import PolicyConfigMapWatcher, engine_swapper, parse_ref
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, pod
 
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))

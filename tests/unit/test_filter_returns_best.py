@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.server import ExtenderService, create_app
-from scheduler_extender.sources import StaticSource
+from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES, pod
 
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from node_agent.inventory import parse_inventory
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
 from scheduler_extender.core.engine import Engine
@@ -14,9 +14,9 @@ from scheduler_extender.core.score import fragmentation_delta
 from scheduler_extender.core.workload import (
     DemandShape, WorkloadTracker, demand_shape, profile_of,
 )
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import StaticSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod
 
 CAT = default_catalog()

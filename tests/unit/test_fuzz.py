@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from node_agent.inventory import InventoryError, parse_inventory
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import build_node_view
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.core.requirements import KNOWN_ANNOTATIONS
-from scheduler_extender.server import ExtenderService, create_app
-from scheduler_extender.sources import ClusterSource, StaticSource
+from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.cluster.sources import ClusterSource, StaticSource
 from tests.factories import EXAMPLES, ROOT, example_inventory, pod
 from tests.harness.report import report
 

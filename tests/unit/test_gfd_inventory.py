@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.gfd import gfd_labels, inventory_from_labels
 from scheduler_extender.core.policy import parse_policy
-from scheduler_extender.sources import _AnnotationFallback as NodeObjectStates
+from scheduler_extender.cluster.sources import _AnnotationFallback as NodeObjectStates
 from tests.factories import example_inventory, pod
 
 ROOT = Path(__file__).resolve().parents[2]

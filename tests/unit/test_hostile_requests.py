@@ -8,13 +8,13 @@ import tracemalloc
 
 import pytest
 
-from scheduler_extender import server
+from scheduler_extender.service import server
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import StaticSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.fast.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, pod
 
 NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
@@ -153,7 +153,7 @@ def test_full_node_objects_with_ever_new_inventories_keep_a_bounded_number_of_cl
 def cluster_mode(service):
     """``service`` wired as the extender runs in cluster mode: the learned workload fed by the
     pending-pods watch (``cli._start_pending_watch``), not by requests."""
-    from scheduler_extender.pending import PendingGpuPods
+    from scheduler_extender.cluster.pending import PendingGpuPods
 
     pending = PendingGpuPods(on_new=service.observe_pod)
     service.learn_from_requests = False

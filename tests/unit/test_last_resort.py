@@ -12,7 +12,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import C_CLASS
 from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.gpuplace_cli import render_decision
-from scheduler_extender.explain import explain_decision
+from scheduler_extender.service.explain import explain_decision
 from node_agent.inventory import parse_inventory
 from tests.factories import ROOT, gpu, inventory, pod
 

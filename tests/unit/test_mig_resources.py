@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.allocatable import node_mig_strategy
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine

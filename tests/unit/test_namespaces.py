@@ -1,8 +1,8 @@
 """Namespace labels in cluster mode: the watch-fed cache, and a direct read for a namespace not yet delivered."""
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.sources import ClusterSource
+from scheduler_extender.cluster.sources import ClusterSource
 
 
 def test_namespaces_are_cached_with_their_labels_and_unknown_ones_stay_unknown():
@@ -39,7 +39,7 @@ def test_a_namespace_the_watch_has_not_delivered_yet_is_read_directly_once():
 
 
 def test_names_no_namespace_can_have_are_never_read_and_direct_reads_are_rate_limited(monkeypatch):
-    from scheduler_extender import sources
+    from scheduler_extender.cluster import sources
 
     reads = []
     c = ClusterCache(default_catalog())

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from scheduler_extender.cache import CHANGE_LOG_SIZE, ClusterCache
+from scheduler_extender.cluster.cache import CHANGE_LOG_SIZE, ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine, frozen_value
 from scheduler_extender.core.policy import default_policy, parse_policy
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.sources import ClusterSource
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.cluster.sources import ClusterSource
+from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, example_inventory, pod
 
 CAT = default_catalog()

@@ -7,15 +7,15 @@ import json
 
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import parse_policy
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.requeue import PENDING_GRACE_SECONDS, REQUEUE_ANNOTATION, Requeuer, requeue_patch
-from scheduler_extender.sources import ClusterSource
-from scheduler_extender.server import ExtenderService
-from scheduler_extender.wire import parse_extender_args
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.cluster.requeue import PENDING_GRACE_SECONDS, REQUEUE_ANNOTATION, Requeuer, requeue_patch
+from scheduler_extender.cluster.sources import ClusterSource
+from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import example_inventory, pod
 
 NODES = ["gpu-4090-0", "gpu-4090-1"]

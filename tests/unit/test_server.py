@@ -10,8 +10,8 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.server import ExtenderService, create_app
-from scheduler_extender.sources import StaticSource
+from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES, ROOT, pod, static_extender
 
 WIRE = ROOT / "tests" / "fixtures" / "wire"
@@ -263,7 +263,7 @@ def _request(chunks: list[bytes], headers: list[tuple[bytes, bytes]] = (), disco
 def test_a_body_over_the_limit_is_refused_while_it_streams_in_not_after_it_is_buffered():
     import asyncio
 
-    from scheduler_extender.server import BodyTooLarge, read_body
+    from scheduler_extender.service.server import BodyTooLarge, read_body
 
     request, sent = _request([b"x" * 100] * 1000)
     with pytest.raises(BodyTooLarge, match="more than 250 bytes"):
@@ -274,7 +274,7 @@ def test_a_body_over_the_limit_is_refused_while_it_streams_in_not_after_it_is_bu
 def test_a_declared_content_length_over_the_limit_is_refused_before_any_chunk_is_read():
     import asyncio
 
-    from scheduler_extender.server import BodyTooLarge, read_body
+    from scheduler_extender.service.server import BodyTooLarge, read_body
 
     for declared in (b"251", b"9" * 5000):
         request, sent = _request([b"x"], headers=[(b"content-length", declared)])
@@ -286,7 +286,7 @@ def test_a_declared_content_length_over_the_limit_is_refused_before_any_chunk_is
 def test_a_body_within_the_limit_is_read_whole():
     import asyncio
 
-    from scheduler_extender.server import read_body
+    from scheduler_extender.service.server import read_body
 
     request, _ = _request([b"ab", b"cd", b"e"])
     assert asyncio.run(read_body(request, 5)) == b"abcde"
@@ -312,7 +312,7 @@ def test_client_sent_names_reach_the_log_cut_and_escaped_so_no_request_forges_a_
     p = pod({"gpuplace.io/vram": "200Gi"})
     p["metadata"]["name"] = "evil\n2026-11-25 INFO forged line" + "x" * 10_000
     forged_node = "node\r\nERROR forged too" * 500
-    with caplog.at_level("INFO", logger="scheduler_extender.server"):
+    with caplog.at_level("INFO", logger="scheduler_extender.service.server"):
         r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": [forged_node, *NODES]}))
     assert r.status_code == 200, r.text
     lines = [rec.getMessage() for rec in caplog.records if "fits no node" in rec.getMessage()]
@@ -326,7 +326,7 @@ def test_client_sent_names_reach_the_log_cut_and_escaped_so_no_request_forges_a_
 def test_read_body_gives_the_budget_back_when_a_body_is_refused_or_abandoned():
     import asyncio
 
-    from scheduler_extender.server import BodyBudget, BodyTooLarge, ServerBusy, read_body
+    from scheduler_extender.service.server import BodyBudget, BodyTooLarge, ServerBusy, read_body
     from starlette.requests import ClientDisconnect
 
     budget = BodyBudget(1000)

@@ -8,7 +8,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import C_TENANT
 from scheduler_extender.core.policy import PolicyError, default_policy, parse_policy, policy_json_schema
 from scheduler_extender.core.tenancy import LabelSelector, resolve_tenancy
-from scheduler_extender.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
 from tests.factories import EXAMPLES, pod
 
 DEFAULT = yaml.safe_load((EXAMPLES.parent / "scheduler_extender" / "data" / "default-policy.yaml").read_text())

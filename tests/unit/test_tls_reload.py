@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.tls import CertificateReloader
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.service.tls import CertificateReloader
 from tests.harness.tls import ExtenderPKI, generate_extender_pki
 
 

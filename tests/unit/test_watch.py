@@ -3,9 +3,9 @@
 import json
 import threading
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.watch import ResourceWatcher
+from scheduler_extender.cluster.watch import ResourceWatcher
 
 
 class FakeResponse:

@@ -45,8 +45,8 @@ from scheduler_extender.core.engine import decision_job
 if TYPE_CHECKING:
     from scheduler_extender.core.filter import NodeResult
     from scheduler_extender.core.job import Job
-    from scheduler_extender.metrics import RequeueMetrics
-    from scheduler_extender.server import ExtenderService
+    from scheduler_extender.service.metrics import RequeueMetrics
+    from scheduler_extender.service.server import ExtenderService
 
 log = logging.getLogger(__name__)
 

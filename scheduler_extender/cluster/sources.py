@@ -20,12 +20,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from node_agent.inventory import ANNOTATION, InventoryError, format_validation_error, parse_inventory
-from scheduler_extender.cache import ClusterCache, bulk_load, parse_node_inventory
+from scheduler_extender.cluster.cache import ClusterCache, bulk_load, parse_node_inventory
 from scheduler_extender.core.allocatable import gpu_allocatable, node_mig_strategy
 from scheduler_extender.core.gfd import gfd_labels
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
-from scheduler_extender.memo import BoundedMemo, content_digest
+from scheduler_extender.fast.memo import BoundedMemo, content_digest
 
 log = logging.getLogger(__name__)
 

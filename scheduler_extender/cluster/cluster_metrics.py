@@ -16,8 +16,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler_extender.core.devices import NodeState, Unit
-from scheduler_extender.pending import PendingGpuPods
-from scheduler_extender.sources import StateSource
+from scheduler_extender.cluster.pending import PendingGpuPods
+from scheduler_extender.cluster.sources import StateSource
 
 
 def _model(unit: Unit) -> str:

@@ -19,16 +19,18 @@ import logging
 import socket
 import threading
 import uuid
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import orjson
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from scheduler_extender.cluster.watch import ResourceWatcher
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import Policy, PolicyError, parse_policy
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.watch import ResourceWatcher
+
+if TYPE_CHECKING:  # the service passes its metrics in; the cluster side never imports it at run time
+    from scheduler_extender.service.metrics import ExtenderMetrics
 
 log = logging.getLogger("gpuplace.extender.policy")
 

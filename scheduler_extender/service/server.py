@@ -36,13 +36,13 @@ from scheduler_extender.core.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
-from scheduler_extender.explain import explain_decision
-from scheduler_extender.logtext import for_log
-from scheduler_extender.memo import BoundedMemo, content_digest
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.requeue import REQUEUE_ANNOTATION, Requeuer
-from scheduler_extender.sources import StateSource
-from scheduler_extender.wire import ExtenderArgs, WireError, dumps, parse_extender_args
+from scheduler_extender.service.explain import explain_decision
+from scheduler_extender.service.logtext import for_log
+from scheduler_extender.fast.memo import BoundedMemo, content_digest
+from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
+from scheduler_extender.cluster.sources import StateSource
+from scheduler_extender.service.wire import ExtenderArgs, WireError, dumps, parse_extender_args
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from scheduler_extender.cache import CacheStats
+from scheduler_extender.cluster.cache import CacheStats
 from scheduler_extender.core.requirements import pod_gpu_requests
 
 PENDING_FIELD_SELECTOR = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"

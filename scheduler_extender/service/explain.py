@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.engine import Decision
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.sources import ClusterSource
+from scheduler_extender.cluster.sources import ClusterSource
 
 SCORE_WEIGHT_FIELDS = {"vramFit": "vram_fit"}
 

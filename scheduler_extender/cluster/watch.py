@@ -20,7 +20,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cluster.cache import ClusterCache
 
 log = logging.getLogger(__name__)
 

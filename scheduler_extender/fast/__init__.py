@@ -1,0 +1,1 @@
+"""Speed-ups around the pure decision: bounded memos keyed by content. Above ``core``."""
