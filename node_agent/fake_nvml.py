@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from node_agent.nvml import parse_bus_id
+from node_agent.probing import parse_bus_id
 from node_agent.nvml_standin import StandinLibrary
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # nvml.h

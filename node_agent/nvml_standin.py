@@ -279,7 +279,7 @@ class StandinLibrary:
 
     def numa_affinity(self, bus_id: str) -> int | None:
         """What sysfs ``numa_node`` says for this PCI address (``NVMLProbe(numa_lookup=...)``)."""
-        from node_agent.nvml import format_bus_id, parse_bus_id
+        from node_agent.probing import format_bus_id, parse_bus_id
 
         parsed = parse_bus_id(bus_id)
         i = self._by_bus.get(format_bus_id(*parsed)) if parsed else None
@@ -428,7 +428,7 @@ class StandinLibrary:
         return self._store_string(buf, length, name)
 
     def _pci(self, bus_id: str, device_id: int) -> _PciInfo:
-        from node_agent.nvml import format_bus_id, parse_bus_id
+        from node_agent.probing import format_bus_id, parse_bus_id
 
         domain, bus, dev, fn = parse_bus_id(bus_id) or (0, 0, 0, 0)
         return _PciInfo(busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
@@ -722,7 +722,7 @@ class StandinLibrary:
 
     def _links(self, i: int) -> list[tuple[int, str | None]]:
         """(remote type, remote bus id) of each active link of GPU ``i``, in link order."""
-        from node_agent.nvml import format_bus_id
+        from node_agent.probing import format_bus_id
 
         links: list[tuple[int, str | None]] = []
         for group in self.fixture.gpus[i].nvlinks or []:
