@@ -39,8 +39,8 @@ from typing import Any, Callable, Literal
 
 from node_agent.inventory import API_VERSION, GPU, KIND, MigDevice, NodeGPUInventory, NVLinkPeer
 from node_agent.probing import (  # noqa: F401  (format_bus_id, ProbeError...: re-exported, node_agent.nvml's names)
-    PLACEHOLDER_MEMORY_MIB, DriverUnavailable, MigStrategy, NumaLookup, ProbeError, build_gpu, format_bus_id,
-    parse_bus_id, sysfs_numa_node, unavailable_inventory,
+    PLACEHOLDER_MEMORY_MIB, DriverUnavailable, LogOnce, MigStrategy, NumaLookup, ProbeError, build_gpu,
+    format_bus_id, parse_bus_id, sysfs_numa_node, unavailable_inventory,
 )
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class NVMLSession:
         self._lock = threading.Lock()
         self._initialized = False
         self._exit_hook = False
-        self._logged: set[tuple[str, str]] = set()
+        self.log_once = LogOnce(log, "NVML")
         self.driver_gone = False
         """Set when a call answered as NVML does after a driver reload or GPU loss; the probe then
         closes the session so the next one starts afresh (``NVMLProbe.probe``)."""
@@ -299,14 +299,6 @@ class NVMLSession:
             return None
         self.log_once(fn, out.reason, logging.WARNING)
         return None
-
-    def log_once(self, fn: str, reason: str, level: int = logging.WARNING) -> None:
-        key = (fn, reason)
-        with self._lock:
-            if key in self._logged:
-                return
-            self._logged.add(key)
-        log.log(level, "NVML %s failed: %s (value reported as unknown; logged once)", fn, reason)
 
     def is_code(self, out: _Outcome, name: str, default: int) -> bool:
         return out.code is not None and out.code == self.const(name, default)

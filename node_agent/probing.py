@@ -7,6 +7,8 @@ Neither pynvml nor amdsmi is imported here; a probe module imports this one, nev
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -27,6 +29,24 @@ class DriverUnavailable(RuntimeError):
 
 class ProbeError(RuntimeError):
     """The probe as a whole failed (e.g. the GPU count could not be read); the last inventory stays."""
+
+
+class LogOnce:
+    """Logs a failed library call once per (function, reason), so a library lacking a function does
+    not flood the log at every probe."""
+
+    def __init__(self, logger: logging.Logger, library: str) -> None:
+        self._logger = logger
+        self._library = library
+        self._lock = threading.Lock()
+        self._logged: set[tuple[str, str]] = set()
+
+    def __call__(self, fn: str, reason: str, level: int = logging.WARNING) -> None:
+        with self._lock:
+            if (fn, reason) in self._logged:
+                return
+            self._logged.add((fn, reason))
+        self._logger.log(level, "%s %s failed: %s (value reported as unknown; logged once)", self._library, fn, reason)
 
 
 def format_bus_id(domain: int, bus: int, device: int, function: int = 0) -> str:
@@ -103,6 +123,7 @@ def unavailable_inventory(node_name: str, mig_strategy: MigStrategy | None, now:
 
 __all__ = [
     "DriverUnavailable",
+    "LogOnce",
     "MigStrategy",
     "NumaLookup",
     "PLACEHOLDER_MEMORY_MIB",
