@@ -94,6 +94,14 @@ def test_an_mi300x_node_from_the_stand_in_places_a_rocm_pod_with_its_vram_and_xg
     assert not medium.passed and "Instinct MI300X is kept for larger jobs" in medium.reason
 
 
+def test_the_market_name_older_amd_smi_gives_an_mi300x_is_the_catalogs_mi300x():
+    data = fixture_data(MI300X)
+    for g in data["gpus"]:
+        g["marketName"] = "MI300X-O"  # ROCm 6.2's fallback for device 0x74a1 (AMD's amd-smi blog)
+    view = build_node_view(parse_inventory(probe(data).to_json()), default_catalog())
+    assert {u.entry.id for u in view.units("amd.com/gpu") if u.entry} == {"mi300x"}
+
+
 def test_an_unhealthy_mi300x_gpu_is_not_placed_on():
     data = mi300x(eccCounts={"uncorrectable": 3})
     inventory = parse_inventory(probe(data).to_json())
