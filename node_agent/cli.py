@@ -10,13 +10,16 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from node_agent.agent import Agent, Probe
 from node_agent.inventory import InventoryError, NodeGPUInventory
 from node_agent.metrics import InventorySnapshot, build_registry
 from node_agent.podresources import DEFAULT_SOCKET, PodResourcesClient
 from node_agent.version import add_version_argument
+
+if TYPE_CHECKING:
+    from node_agent.probing import MigStrategy  # noqa: F401  (the casts' type)
 
 log = logging.getLogger("gpuplace-agent")
 
@@ -27,7 +30,7 @@ EXIT_NO_DRIVER = 3
 
 EPILOG = f"""\
 examples:
-  # print what the GPUs of this node are, touch nothing
+  # print what the GPUs of this node are (NVIDIA through NVML, else AMD through AMD SMI), touch nothing
   gpuplace-agent --once --print
   # replay an inventory file, no cluster needed
   gpuplace-agent --probe fake --fake-inventory examples/cluster/gpu-a100-0.json --once --print
@@ -40,7 +43,7 @@ exit codes:
   {EXIT_OK}  success
   {EXIT_PUBLISH_FAILED}  publishing failed (--once: not patched within --publish-timeout-seconds)
   {EXIT_USAGE}  bad arguments, unreadable or invalid inventory/fixture file, no cluster config
-  {EXIT_NO_DRIVER}  no usable NVIDIA driver (see --keep-running-without-driver)
+  {EXIT_NO_DRIVER}  no usable GPU driver, neither NVIDIA (NVML) nor AMD (AMD SMI) (see --keep-running-without-driver)
 """
 
 
@@ -59,11 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_version_argument(p)
     src = p.add_argument_group("what to read")
-    src.add_argument("--probe", choices=["nvml", "fake", "fake-nvml"], default="nvml",
-                     help="nvml: the real GPUs through the NVIDIA driver (default); fake: replay --fake-inventory; "
-                     "fake-nvml: run the NVML code against a recorded --nvml-fixture")
+    src.add_argument("--probe", choices=["auto", "nvml", "amd", "fake", "fake-nvml", "fake-amdsmi"], default="auto",
+                     help="auto: NVIDIA GPUs through NVML if the NVIDIA driver is there and sees GPUs, else AMD GPUs "
+                     "through AMD SMI (default); nvml: the NVIDIA driver only; amd: AMD SMI only (the amdsmi package, "
+                     "pip install 'gpuplace[amd]', and ROCm's libamd_smi.so); fake: replay --fake-inventory; "
+                     "fake-nvml / fake-amdsmi: run the NVML / AMD SMI code against a recorded --nvml-fixture / "
+                     "--amdsmi-fixture")
     src.add_argument("--fake-inventory", metavar="FILE", help="NodeGPUInventory file (JSON or YAML) for --probe fake")
     src.add_argument("--nvml-fixture", metavar="FILE", help="fake NVML fixture (YAML, tests/fixtures/nvml/) for --probe fake-nvml")
+    src.add_argument("--amdsmi-fixture", metavar="FILE",
+                     help="fake AMD SMI fixture (YAML, tests/fixtures/amdsmi/) for --probe fake-amdsmi")
     src.add_argument("--node-name", default=None,
                      help="the Node to publish on (default: $NODE_NAME, else the host name; "
                      "with --probe fake, else the file's nodeName)")
@@ -73,14 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "discovery label nvidia.com/mig.strategy, else the MIG resources it advertises; "
                      "with --probe fake, the file's)")
     src.add_argument("--ignore-xids", metavar="LIST", type=_ignored_xids, default=None,
-                     help="XIDs that leave a GPU healthy: '' = the device plugin's application XIDs "
+                     help="NVIDIA only: XIDs that leave a GPU healthy: '' = the device plugin's application XIDs "
                      "13,31,43,45,68,109 (default); '48,79' adds to them; '=13,31' exactly these; "
                      "'all' turns XID health off")
     src.add_argument("--xid-recovery-seconds", type=float, default=0.0, metavar="S",
                      help="a GPU or MIG device with no critical XID for S seconds is healthy again as far as XIDs "
                      "go (default 0: until the driver is reloaded or the agent restarts)")
     src.add_argument("--keep-running-without-driver", action="store_true",
-                     help="when the NVIDIA driver is unusable, report zero GPUs instead of exiting")
+                     help="when no GPU driver is usable, report zero GPUs instead of exiting")
     src.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
                      help=f"kubelet PodResources socket for allocatedTo (default {DEFAULT_SOCKET}; "
                      "skipped when absent or grpcio is not installed)")
@@ -139,22 +147,40 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
         from node_agent.fake import FakeProbe
 
         return FakeProbe(args.fake_inventory, node_name=node_name, mig_strategy=args.mig_strategy)
-    from node_agent.nvml import MigStrategy, NVMLProbe
-
     assert node_name is not None
-    strategy = cast("MigStrategy | None", args.mig_strategy)
-    if args.probe == "fake-nvml":
-        if not args.nvml_fixture:
-            raise UsageError("--probe fake-nvml needs --nvml-fixture FILE")
-        from node_agent.fake_nvml import FixtureError, load_fixture
+    if args.probe in ("fake-nvml", "fake-amdsmi"):
+        nvml = args.probe == "fake-nvml"
+        path, flag = (args.nvml_fixture, "--nvml-fixture") if nvml else (args.amdsmi_fixture, "--amdsmi-fixture")
+        if not path:
+            raise UsageError(f"--probe {args.probe} needs {flag} FILE")
+        from node_agent import fake_amdsmi, fake_nvml
 
         try:
-            fake = load_fixture(args.nvml_fixture)
-        except FixtureError as e:
+            standin = (fake_nvml if nvml else fake_amdsmi).load_fixture(path)
+        except fake_nvml.FixtureError as e:
             raise UsageError(str(e)) from e
-        return NVMLProbe(library=fake, node_name=node_name, mig_strategy=strategy, numa_lookup=fake.numa_affinity,
-                         **_xid_options(args))
-    return NVMLProbe(node_name=node_name, mig_strategy=strategy, **_xid_options(args))
+        make = _nvml_probe if nvml else _amd_probe
+        return make(args, node_name, library=standin, numa_lookup=standin.numa_affinity)
+    if args.probe == "nvml":
+        return _nvml_probe(args, node_name)
+    if args.probe == "amd":
+        return _amd_probe(args, node_name)
+    from node_agent.auto import AutoProbe
+
+    return AutoProbe(nvml=lambda: _nvml_probe(args, node_name), amd=lambda: _amd_probe(args, node_name))
+
+
+def _nvml_probe(args: argparse.Namespace, node_name: str, **kwargs: Any) -> Probe:
+    from node_agent.nvml import NVMLProbe
+
+    return NVMLProbe(node_name=node_name, mig_strategy=cast("MigStrategy | None", args.mig_strategy),
+                     **_xid_options(args), **kwargs)
+
+
+def _amd_probe(args: argparse.Namespace, node_name: str, **kwargs: Any) -> Probe:
+    from node_agent.amd import AMDProbe
+
+    return AMDProbe(node_name=node_name, mig_strategy=cast("MigStrategy | None", args.mig_strategy), **kwargs)
 
 
 def _xid_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +191,7 @@ def _xid_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class _DriverlessProbe:
-    """--keep-running-without-driver: zero GPUs while the driver is unusable; retries NVML each probe,
+    """--keep-running-without-driver: zero GPUs while the driver is unusable; retries it each probe,
     so a driver installed later is picked up without a restart."""
 
     def __init__(self, inner: Probe, node_name: str, mig_strategy: Any) -> None:
@@ -175,11 +201,11 @@ class _DriverlessProbe:
         self._warned = False
 
     def probe(self) -> NodeGPUInventory:
-        from node_agent.nvml import NVMLUnavailable, unavailable_inventory
+        from node_agent.probing import DriverUnavailable, unavailable_inventory
 
         try:
             return self.inner.probe()
-        except NVMLUnavailable as e:
+        except DriverUnavailable as e:
             if not self._warned:
                 log.warning("%s; reporting zero GPUs (--keep-running-without-driver)", e)
                 self._warned = True
@@ -221,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from node_agent.nvml import NVMLUnavailable
+    from node_agent.probing import DriverUnavailable
 
     node_name = resolve_node_name(args)
     probe = build_probe(args, node_name)
@@ -242,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
         first = probe.probe()
     except InventoryError as e:
         raise UsageError(str(e)) from e
-    except NVMLUnavailable as e:
+    except DriverUnavailable as e:
         print(f"gpuplace-agent: {e}. Use --keep-running-without-driver to report zero GPUs instead.", file=sys.stderr)
         return EXIT_NO_DRIVER
 

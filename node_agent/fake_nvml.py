@@ -14,15 +14,16 @@ errors, so a typo fails loudly with the file and field named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from node_agent.nvml import parse_bus_id
+from node_agent.probing import parse_bus_id
 from node_agent.nvml_standin import StandinLibrary
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # nvml.h
+M = TypeVar("M", bound=BaseModel)
 
 ErrorName = Literal[
     "UNINITIALIZED", "INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND",
@@ -166,23 +167,27 @@ class Fixture(_Model):
     gpus: list[GPUFixture]
 
 
-def load_fixture(path: str | Path) -> StandinLibrary:
-    """The NVML stand-in for a YAML fixture file. Raises ``FixtureError`` naming the file and field."""
+def read_scenario(path: str | Path, model: type[M], what: str) -> M:
+    """A YAML scenario file validated as ``model``. Raises ``FixtureError`` naming the file and field."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
-        raise FixtureError(f"{path}: cannot read NVML fixture ({e.strerror or e})") from e
+        raise FixtureError(f"{path}: cannot read {what} fixture ({e.strerror or e})") from e
     except yaml.YAMLError as e:
         raise FixtureError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
     try:
-        fixture = Fixture.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(document)"
         more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
         raise FixtureError(f"{path}: field {where}: {first['msg']}{more}") from e
-    return StandinLibrary(fixture, source=str(path))
 
 
-__all__ = ["Fixture", "FixtureError", "GPUFixture", "load_fixture"]
+def load_fixture(path: str | Path) -> StandinLibrary:
+    """The NVML stand-in for a YAML fixture file. Raises ``FixtureError`` naming the file and field."""
+    return StandinLibrary(read_scenario(path, Fixture, "NVML"), source=str(path))
+
+
+__all__ = ["Fixture", "FixtureError", "GPUFixture", "load_fixture", "read_scenario"]

@@ -90,6 +90,13 @@ class GPU(_Model):
         alias="healthReasons",
         description="Why the agent marked the GPU unhealthy (extension of DESIGN.md).",
     )
+    compute_partition: str | None = Field(
+        default=None, alias="computePartition",
+        description="AMD Instinct compute partition mode the GPU is in (SPX, DPX, QPX, CPX; amd-smi static "
+        "PARTITION); each partition is reported as a GPU of its own. Absent: none or not an AMD GPU.")
+    memory_partition: str | None = Field(
+        default=None, alias="memoryPartition",
+        description="AMD Instinct memory partition (NUMA-per-socket) mode: NPS1, NPS4... Absent: none or not AMD.")
     mig_enabled: bool = Field(default=False, alias="migEnabled")
     mig_devices: list[MigDevice] = Field(default_factory=list, alias="migDevices")
     nvlinks: list[NVLinkPeer] = Field(default_factory=list)

@@ -36,19 +36,15 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 from node_agent.inventory import API_VERSION, GPU, KIND, MigDevice, NodeGPUInventory, NVLinkPeer
+from node_agent.probing import (  # noqa: F401  (format_bus_id, ProbeError...: re-exported, node_agent.nvml's names)
+    PLACEHOLDER_MEMORY_MIB, DriverUnavailable, LogOnce, MigStrategy, NumaLookup, ProbeError, build_gpu,
+    format_bus_id, parse_bus_id, sysfs_numa_node, unavailable_inventory,
+)
 
 log = logging.getLogger(__name__)
-
-MigStrategy = Literal["none", "single", "mixed"]
-NumaLookup = Callable[[str], "int | None"]
-
-PLACEHOLDER_MEMORY_MIB = 1
-"""``memoryMiB`` of a GPU whose memory could not be read. The contract requires a value > 0; such a
-GPU is always ``healthy: false`` with the reason, so no reader places work on it."""
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs caused by the application, not the GPU: the GPU stays healthy. The same list as NVIDIA
@@ -121,13 +117,9 @@ GPU_FABRIC_INFO_V2 = ctypes.sizeof(_GpuFabricInfoV2) | (2 << 24)
 """nvml.h ``nvmlGpuFabricInfo_v2`` = ``NVML_STRUCT_VERSION(GpuFabricInfo, 2)`` = 0x02000024."""
 
 
-class NVMLUnavailable(RuntimeError):
+class NVMLUnavailable(DriverUnavailable):
     """NVML cannot be used on this machine (no driver, no library, no permission); the message says
     what to check."""
-
-
-class ProbeError(RuntimeError):
-    """The probe as a whole failed (e.g. the GPU count could not be read); the last inventory stays."""
 
 
 def memory_bandwidth_gbps(bus_width_bits: int | None, max_memory_clock_mhz: int | None) -> float | None:
@@ -163,38 +155,6 @@ def memory_bandwidth_gbps(bus_width_bits: int | None, max_memory_clock_mhz: int 
     return round(bus_width_bits / 8 * max_memory_clock_mhz * 2 / 1000, 1)
 
 
-def format_bus_id(domain: int, bus: int, device: int, function: int = 0) -> str:
-    """The PCI address the way nvidia-smi prints it: ``00000000:07:00.0``."""
-    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
-
-
-def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
-    """``(domain, bus, device, function)`` of ``00000000:07:00.0`` or ``0000:07:00.0``; None if
-    not a PCI address. NVML uses 8 domain digits, sysfs and lspci 4: compare parsed, never as text."""
-    try:
-        domain, bus, devfn = text.strip().split(":")
-        dev, fn = devfn.split(".")
-        return int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
-    except ValueError:
-        return None
-
-
-def sysfs_numa_node(bus_id: str, sysfs_root: str | Path = "/sys") -> int | None:
-    """NUMA node of the CPU socket the GPU's PCI device hangs off, from
-    ``/sys/bus/pci/devices/<addr>/numa_node``; what ``nvidia-smi topo -m`` shows as "NUMA
-    Affinity". ``-1`` (firmware gave no affinity) and any read failure are ``None``."""
-    parsed = parse_bus_id(bus_id)
-    if parsed is None:
-        return None
-    domain, bus, dev, fn = parsed
-    path = Path(sysfs_root) / "bus/pci/devices" / f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}" / "numa_node"
-    try:
-        value = int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return value if value >= 0 else None
-
-
 @dataclass
 class _Outcome:
     value: Any = None
@@ -223,7 +183,7 @@ class NVMLSession:
         self._lock = threading.Lock()
         self._initialized = False
         self._exit_hook = False
-        self._logged: set[tuple[str, str]] = set()
+        self.log_once = LogOnce(log, "NVML")
         self.driver_gone = False
         """Set when a call answered as NVML does after a driver reload or GPU loss; the probe then
         closes the session so the next one starts afresh (``NVMLProbe.probe``)."""
@@ -340,14 +300,6 @@ class NVMLSession:
             return None
         self.log_once(fn, out.reason, logging.WARNING)
         return None
-
-    def log_once(self, fn: str, reason: str, level: int = logging.WARNING) -> None:
-        key = (fn, reason)
-        with self._lock:
-            if key in self._logged:
-                return
-            self._logged.add(key)
-        log.log(level, "NVML %s failed: %s (value reported as unknown; logged once)", fn, reason)
 
     def is_code(self, out: _Outcome, name: str, default: int) -> bool:
         return out.code is not None and out.code == self.const(name, default)
@@ -949,25 +901,7 @@ def _resolve_nvlinks(raws: list[_RawGPU]) -> None:
 
 
 def _build_gpu(raw: _RawGPU) -> GPU:
-    """The contract's GPU; required fields that could not be read become placeholders and the GPU
-    is unhealthy with the reason, so the node's GPU count stays right."""
-    f = {k: v for k, v in raw.fields.items() if v is not None}
-    reasons = list(raw.reasons)
-    index = f["index"]
-    if not f.get("uuid"):
-        f["uuid"] = f"GPU-unreadable-index-{index}"
-        reasons.append("UUID could not be read")
-    if not f.get("name"):
-        f["name"] = "unknown NVIDIA GPU"
-        reasons.append("name could not be read")
-    if not f.get("memoryMiB"):
-        f["memoryMiB"] = PLACEHOLDER_MEMORY_MIB
-        reasons.append("memory size could not be read")
-    # Keep reasons unique and in order: a problem seen twice is still one problem.
-    reasons = list(dict.fromkeys(reasons))
-    f["healthReasons"] = reasons
-    f["healthy"] = not reasons
-    return GPU.model_validate(f)
+    return build_gpu(raw.fields, raw.reasons)
 
 
 NO_GPU_INSTANCE = 0xFFFFFFFF
@@ -1064,25 +998,13 @@ class _XidWatcher:
                     self._last_seen[_text(uuid)] = self._monotonic()
 
 
-def unavailable_inventory(node_name: str, mig_strategy: MigStrategy | None, now: dt.datetime | None = None) -> NodeGPUInventory:
-    """The inventory of a node whose driver is unusable, for ``--keep-running-without-driver``:
-    zero GPUs, so the extender sees the node and places no GPU work on it."""
-    return NodeGPUInventory.model_validate({
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "nodeName": node_name,
-        "observedAt": now or dt.datetime.now(dt.timezone.utc),
-        "migStrategy": mig_strategy,
-        "gpus": [],
-    })
-
-
 __all__ = [
     "APPLICATION_XIDS",
     "CORES_PER_SM",
     "NVMLProbe",
     "NVMLSession",
     "NVMLUnavailable",
+    "DriverUnavailable",
     "PLACEHOLDER_MEMORY_MIB",
     "match_mig_profile",
     "parse_ignored_xids",

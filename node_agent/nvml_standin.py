@@ -41,10 +41,12 @@ nvml.h defines (``nvmlGpuFabricInfo_v2 = 0x02000024``, ``nvmlGpuInstanceProfileI
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from node_agent.c_boundary import Boundary, BoundaryViolation, Symbol as _Symbol, address_of as _address
+from node_agent.c_boundary import target_of as _target, value_of as _value
 
 # ---- nvml.h return codes ------------------------------------------------------------------------
 
@@ -172,34 +174,6 @@ def struct_version(struct: type[ctypes.Structure], version: int) -> int:
 # ---- the boundary -------------------------------------------------------------------------------
 
 
-class BoundaryViolation(AssertionError):
-    """A caller passed what nvml.h does not accept there (wrong buffer size, null pointer)."""
-
-
-def _value(arg: Any) -> int:
-    """A by-value C integer argument: pynvml passes Python ints or ctypes scalars."""
-    return int(getattr(arg, "value", arg))
-
-
-def _target(arg: Any) -> Any:
-    """The ctypes object a pointer argument points at (``byref(x)``, ``pointer(x)`` or an array)."""
-    obj = getattr(arg, "_obj", None)  # ctypes.byref() keeps the object it refers to
-    if obj is not None:
-        return obj
-    if isinstance(arg, ctypes._Pointer):
-        return arg.contents
-    if isinstance(arg, ctypes.Array):
-        return arg
-    raise BoundaryViolation(f"expected a pointer argument, got {arg!r}")
-
-
-def _address(handle: Any) -> int | None:
-    """The address an opaque handle (``nvmlDevice_t``...) carries; None for NULL."""
-    if isinstance(handle, int):
-        return handle or None
-    return ctypes.cast(handle, ctypes.c_void_p).value
-
-
 @dataclass
 class _Event:
     device: int
@@ -214,20 +188,7 @@ class _EventSet:
     registered: set[int] = field(default_factory=set)
 
 
-class _Symbol:
-    """One C entry point: callable, and accepts ``restype``/``argtypes`` as a ctypes function does."""
-
-    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
-        self.__name__ = name
-        self._fn = fn
-        self.restype: Any = ctypes.c_int
-        self.argtypes: Any = None
-
-    def __call__(self, *args: Any) -> Any:
-        return self._fn(*args)
-
-
-class StandinLibrary:
+class StandinLibrary(Boundary):
     """``libnvidia-ml.so.1`` for one scenario. Attribute access is symbol lookup (``dlsym``).
 
     ``calls``: every symbol called, in order. ``unimplemented``: symbols looked up that neither
@@ -235,14 +196,11 @@ class StandinLibrary:
     broke nvml.h's contract (tests fail on any).
     """
 
+    HEADER = "nvml.h"
+    INSUFFICIENT_SIZE = ERROR_INSUFFICIENT_SIZE
+
     def __init__(self, fixture: Any, *, source: str = "scenario") -> None:
-        self.fixture = fixture
-        self.source = source
-        self.calls: list[str] = []
-        self.unimplemented: list[str] = []
-        self.violations: list[str] = []
-        self._init_count = 0
-        self._lock = threading.Lock()
+        super().__init__(fixture, source=source)
         self._gpu_addr = [0x10_0000 + 0x1000 * i for i in range(len(fixture.gpus))]
         self._mig_addr: dict[int, tuple[int, int]] = {}  # address -> (gpu index, slot)
         self._gi_addr: dict[int, tuple[int, int]] = {}  # address -> (gpu index, slot)
@@ -279,7 +237,7 @@ class StandinLibrary:
 
     def numa_affinity(self, bus_id: str) -> int | None:
         """What sysfs ``numa_node`` says for this PCI address (``NVMLProbe(numa_lookup=...)``)."""
-        from node_agent.nvml import format_bus_id, parse_bus_id
+        from node_agent.probing import format_bus_id, parse_bus_id
 
         parsed = parse_bus_id(bus_id)
         i = self._by_bus.get(format_bus_id(*parsed)) if parsed else None
@@ -291,34 +249,6 @@ class StandinLibrary:
         for event_set in self._sets.values():
             if addr in event_set.registered:
                 event_set.queue.append(_Event(addr, xid, gpu_instance_id, compute_instance_id))
-
-    @property
-    def initialized(self) -> bool:
-        return self._init_count > 0
-
-    def _violate(self, message: str) -> None:
-        self.violations.append(message)
-        raise BoundaryViolation(message)
-
-    def _store(self, arg: Any, ctype: Any, value: Any, what: str) -> None:
-        """``*arg = value`` as the C type ``ctype``, after checking the caller's buffer fits it."""
-        target = _target(arg)
-        if ctypes.sizeof(target) != ctypes.sizeof(ctype):
-            self._violate(f"{what}: caller's buffer is {ctypes.sizeof(target)} bytes, nvml.h's {ctype.__name__} "
-                          f"is {ctypes.sizeof(ctype)}")
-        src = value if isinstance(value, ctypes._SimpleCData | ctypes.Structure) else ctype(value)
-        ctypes.memmove(ctypes.addressof(target), ctypes.addressof(src), ctypes.sizeof(ctype))
-
-    def _store_string(self, buf: Any, length: Any, text: str) -> int:
-        data = text.encode()
-        size = _value(length)
-        if len(data) + 1 > size:
-            return ERROR_INSUFFICIENT_SIZE
-        target = _target(buf)
-        if ctypes.sizeof(target) < size:
-            self._violate(f"string buffer of {ctypes.sizeof(target)} bytes passed with length {size}")
-        ctypes.memmove(ctypes.addressof(target), data + b"\0", len(data) + 1)
-        return SUCCESS
 
     def _versioned(self, arg: Any, struct: type[ctypes.Structure], version: int, what: str) -> int:
         target = _target(arg)
@@ -370,11 +300,7 @@ class StandinLibrary:
     # ---- entry points (nvml.h signatures; the method name is "c_" + the symbol) ------------------
 
     def c_nvmlInitWithFlags(self, flags: Any) -> int:
-        if self.fixture.initError:
-            return ERROR_CODES[self.fixture.initError]
-        with self._lock:
-            self._init_count += 1
-        return SUCCESS
+        return self._count_init(ERROR_CODES[self.fixture.initError] if self.fixture.initError else None)
 
     def c_nvmlShutdown(self) -> int:
         with self._lock:
@@ -428,7 +354,7 @@ class StandinLibrary:
         return self._store_string(buf, length, name)
 
     def _pci(self, bus_id: str, device_id: int) -> _PciInfo:
-        from node_agent.nvml import format_bus_id, parse_bus_id
+        from node_agent.probing import format_bus_id, parse_bus_id
 
         domain, bus, dev, fn = parse_bus_id(bus_id) or (0, 0, 0, 0)
         return _PciInfo(busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{fn:X}".encode(),
@@ -722,7 +648,7 @@ class StandinLibrary:
 
     def _links(self, i: int) -> list[tuple[int, str | None]]:
         """(remote type, remote bus id) of each active link of GPU ``i``, in link order."""
-        from node_agent.nvml import format_bus_id
+        from node_agent.probing import format_bus_id
 
         links: list[tuple[int, str | None]] = []
         for group in self.fixture.gpus[i].nvlinks or []:

@@ -6,9 +6,9 @@ from tests.node_agent.agent_fixtures import LIBRARIES, inventory_of  # noqa: F40
 
 
 @pytest.fixture(autouse=True)
-def _nvml_boundary_kept():
-    """Fail a test whose agent looked up a C symbol the stand-in does not implement (and the
-    scenario's driver was not declared to lack), or broke nvml.h's contract at the boundary."""
+def _boundaries_kept():
+    """Fail a test whose agent used a C symbol a stand-in does not implement (and the scenario's
+    library was not declared to lack), or broke nvml.h's or amdsmi.h's contract at the boundary."""
     import pynvml
 
     LIBRARIES.clear()
@@ -19,5 +19,5 @@ def _nvml_boundary_kept():
     unimplemented = sorted({name for lib in LIBRARIES for name in lib.unimplemented})
     violations = [v for lib in LIBRARIES for v in lib.violations]
     LIBRARIES.clear()
-    assert not unimplemented, f"the agent called NVML symbols the stand-in does not implement: {unimplemented}"
-    assert not violations, f"calls that break nvml.h at the stand-in's boundary: {violations}"
+    assert not unimplemented, f"the agent called C symbols the stand-ins do not implement: {unimplemented}"
+    assert not violations, f"calls that break nvml.h or amdsmi.h at a stand-in's boundary: {violations}"

@@ -207,8 +207,8 @@ def test_help_explains_the_options_and_exit_codes(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0
-    for words in ("--probe {nvml,fake,fake-nvml}", "--heartbeat-seconds", "--keep-running-without-driver",
-                  "exit codes:", "no usable NVIDIA driver"):
+    for words in ("--probe {auto,nvml,amd,fake,fake-nvml,fake-amdsmi}", "--heartbeat-seconds",
+                  "--keep-running-without-driver", "exit codes:", "no usable GPU driver"):
         assert words in out
 
 
