@@ -2,7 +2,8 @@
 
 *fill* (the FGD evaluation, Weng et al., ATC'23): pods arrive one after another and never
 leave; a pod that fits nowhere is counted unplaced and dropped. When the GPUs requested so far
-reach each ``load`` share of the fleet's GPUs, a snapshot is taken; the run stops at the highest
+(in thousandths of a GPU: a sharing pod requests its share) reach each ``load`` share of the
+fleet's GPUs, a snapshot is taken; the run stops at the highest
 load. A trace that runs out first is continued with pods drawn from it at random (seeded).
 
 *replay*: pods arrive in trace order at their trace times, scaled so that the offered load (GPUs
@@ -12,16 +13,17 @@ retried whenever GPUs are freed. Measured over the span from the first to the la
 
 Metrics per run and load (``Snapshot``):
 - ``allocation_ratio``: allocated GPUs / fleet GPUs (replay: time average);
-- ``stranded_gpus``: free GPUs on nodes where no pending pod fits under the policy's own
-  filter (0 when nothing is pending), also by model and by cause (``stranded_by_cause``,
+- ``stranded_gpus``: wholly free GPUs on nodes where no pending GPU pod fits under the policy's
+  own filter (0 when nothing is pending), also by model and by cause (``stranded_by_cause``,
   ``STRANDED_CAUSES``: what keeps the pending pods off those GPUs);
 - ``placed`` / ``unplaced`` GPU pods, and ``sharing_placed`` / ``sharing_unplaced`` for openb's
-  GPU-sharing pods (rounded up to one GPU);
+  GPU-sharing pods (a share of one GPU, ``cluster.Cluster``'s share model);
 - ``oom_risk``: placed pods whose GPUs have less VRAM than gpuplace's estimate of their need
   (None when no placed pod's need is known, e.g. the openb trace);
 - ``premium_gpu_hours_wasted``: GPU-hours of premium-tier GPUs (policy ``tier``) given to pods
   that fit a non-premium GPU of the fleet allowed by their own constraint (VRAM need met, or
-  unknown, and a node of that model with enough GPUs), at the pods' trace durations;
+  unknown, and a node of that model with enough GPUs), at the pods' trace durations (a share of
+  a GPU counts its share);
 - ``cost_per_hour``: USD per hour of the allocated GPUs (policy prices; replay: time average);
 - ``queue_delay_hours_mean`` / ``_max`` (replay) of the pods that started.
 """
@@ -118,8 +120,8 @@ STRANDED_CAUSES = ("cpu", "memory", "cpu_and_memory", "model", "gpus", "other")
 """Why a stranded node's free GPUs serve no pending pod, the first that applies: some pending pod
 would fit but for the node's free ``cpu`` / ``memory`` / both (its GPU count and model fit); some
 would fit but may not use the node's GPU ``model``; every pending pod that fits the node's host
-resources and model needs more ``gpus`` than are free; ``other``: the policy's own filter (e.g.
-gpuplace's VRAM check) or several of these at once."""
+resources and model needs more ``gpus`` than are free (or a larger share of one GPU than any has
+free); ``other``: the policy's own filter (e.g. gpuplace's VRAM check) or several of these at once."""
 
 
 def stranded_causes(cluster: Cluster, stranded: np.ndarray, pending: Sequence[SimPod]) -> dict[str, int]:
@@ -129,7 +131,7 @@ def stranded_causes(cluster: Cluster, stranded: np.ndarray, pending: Sequence[Si
     nodes = stranded > 0
     hits = {c: np.zeros(len(cluster.nodes), dtype=bool) for c in STRANDED_CAUSES[:-1]}
     for pod in pending:
-        gpus = cluster.gpu_free >= pod.gpus
+        gpus = cluster.fits_gpus(pod)
         model = cluster.model_mask(pod.allowed_models)
         cpu = cluster.cpu_free >= (pod.cpu_milli or 0)
         mem = cluster.mem_free >= (pod.memory_mib or 0)
@@ -153,7 +155,7 @@ def _stranded(cluster: Cluster, policy: PlacementPolicy, pending: Iterable[SimPo
     usable = np.zeros(len(cluster.nodes), dtype=bool)
     shapes: dict[tuple, SimPod] = {}
     for pod in pending:
-        if pod.shape in shapes:
+        if pod.shape in shapes or pod.gpus == 0:  # a CPU-only pod needs no free GPU
             continue
         shapes[pod.shape] = pod
         if not usable.all():
@@ -174,6 +176,8 @@ def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[in
     known = 0
     wasted = 0.0
     for p in placements:
+        if not p.units:
+            continue
         need = judge.need_bytes(p.pod)
         if need is not None:
             known += 1
@@ -181,7 +185,7 @@ def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[in
                 oom += 1
         premium = sum(1 for u in p.units if judge.is_premium(u))
         if premium and judge.fits_cheaper(p.pod):
-            wasted += premium * p.pod.duration_s / 3600
+            wasted += premium * p.pod.gpu_milli / 1000 * p.pod.duration_s / 3600
     return (oom if known else None), wasted
 
 
@@ -208,7 +212,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterator[SimPod], policy: Placeme
     out: dict[float, Snapshot] = {}
     targets = sorted(loads)
     for n, pod in enumerate(stream):
-        requested += pod.gpus
+        requested += pod.total_milli
         choice = policy.choose(pod, cluster, rng)
         if choice is None:
             pending.append(pod)
@@ -218,7 +222,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterator[SimPod], policy: Placeme
             placed.append(Placement(pod, i, units, 0.0))
         if progress is not None and n % 200 == 0:
             progress(n)
-        while targets and requested >= targets[0] * cluster.capacity:
+        while targets and requested >= targets[0] * cluster.capacity_milli:
             load = targets.pop(0)
             stranded, by_model, by_cause = _stranded(cluster, policy, pending)
             oom, wasted = _placement_totals(placed, judge)
@@ -236,10 +240,11 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterator[SimPod], policy: Placeme
 
 def replay_time_scale(pods: Sequence[SimPod], load: float, capacity: int) -> float:
     """By how much to compress arrival times so that the offered load (GPUs x run time requested
-    per unit of time over the window of arrivals) is ``load`` x ``capacity``; 1 for one instant."""
+    per unit of time over the window of arrivals; a share of a GPU counts its share) is ``load`` x
+    ``capacity``; 1 for one instant."""
     t0 = min(p.creation_s for p in pods)
     span = max(p.creation_s for p in pods) - t0
-    offered = sum(p.gpus * p.duration_s for p in pods) / span if span > 0 else 0.0
+    offered = sum(p.total_milli / 1000 * p.duration_s for p in pods) / span if span > 0 else 0.0
     return load * capacity / offered if offered > 0 else 1.0
 
 
@@ -295,7 +300,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
             blocked: set[tuple] = set()
             waiting: list[tuple[SimPod, float]] = []
             for q, arrived in queue:
-                could = (cluster.gpu_free[i] >= q.gpus and cluster.cpu_free[i] >= (q.cpu_milli or 0)
+                could = (cluster.fits_gpus_at(i, q) and cluster.cpu_free[i] >= (q.cpu_milli or 0)
                          and cluster.mem_free[i] >= (q.memory_mib or 0))
                 if not could or q.shape in blocked or not try_place(q, arrived, dt_):
                     if could:

@@ -10,10 +10,12 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23):
 - pod list ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...``:
   * ``gpu_spec`` (``V100M16|V100M32``) becomes the allowed models: ``gpuplace.io/gpu-models`` for
     gpuplace, a node-affinity on the GPU model for the baselines;
-  * GPU-sharing pods (``gpu_milli`` < 1000, always ``num_gpu`` = 1 in the trace) get one whole GPU:
-    gpuplace and the NVIDIA device plugin hand out whole devices (no fractional ``nvidia.com/gpu``),
-    so this is what such a pod costs a cluster without a sharing layer. They are flagged
-    ``sharing`` and counted separately in the report;
+  * ``gpu_milli`` becomes ``SimPod.gpu_milli``: a GPU-sharing pod (``gpu_milli`` < 1000, always
+    ``num_gpu`` = 1 in the trace) takes that share of one GPU, and other sharing pods may share the
+    rest of it, as in FGD's simulator (its ``gpu-milli`` annotation, written by the authors'
+    ``data/pod_csv_to_yaml.py``: values outside 1-1000 are clamped, none occurs in openb). Every
+    policy places them under the same share model (``cluster.Cluster``); the report counts them
+    separately (``sharing``);
   * pods with ``num_gpu`` = 0 are CPU-only: skipped (counted as ``skipped_cpu_only``);
   * duration = ``deletion_time`` - (``scheduled_time`` or, for pods never scheduled,
     ``creation_time``), at least 1 s.
@@ -174,7 +176,7 @@ def openb_pods(path: str | Path, catalog: Catalog) -> tuple[list[SimPod], int]:
         if num_gpu == 0:
             skipped += 1
             continue
-        milli = _int(row, "gpu_milli", path, i)
+        milli = min(1000, max(0, _int(row, "gpu_milli", path, i)))
         try:
             allowed = _spec_models(row.get("gpu_spec") or "", catalog)
         except ValueError as e:
@@ -185,7 +187,7 @@ def openb_pods(path: str | Path, catalog: Catalog) -> tuple[list[SimPod], int]:
         pods.append(SimPod(
             name=row["name"], gpus=num_gpu, annotations=models_annotation(allowed), allowed_models=allowed,
             cpu_milli=_int(row, "cpu_milli", path, i), memory_mib=_int(row, "memory_mib", path, i),
-            creation_s=created, duration_s=max(1.0, deleted - started), sharing=milli < 1000,
+            creation_s=created, duration_s=max(1.0, deleted - started), gpu_milli=milli,
         ))
     return pods, skipped
 

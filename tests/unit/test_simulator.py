@@ -41,13 +41,17 @@ def test_openb_nodes_map_models_to_catalog_rows_and_g2_to_its_stand_in():
     assert "stand-in" in CAT.entries["openb-g2"].sources[0]
 
 
-def test_openb_pods_round_sharing_pods_up_to_one_gpu_and_skip_cpu_only_pods():
+def test_openb_sharing_pods_keep_their_share_of_one_gpu_and_cpu_only_pods_are_skipped():
+    # Issue 17, item 2: a gpu_milli < 1000 pod takes that share of one GPU (it was rounded up to a
+    # whole GPU before); the engine still sees nvidia.com/gpu 1.
     pods, skipped = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
     assert skipped == 1
     p1 = next(p for p in pods if p.name == "openb-pod-0001")  # gpu_milli 460
-    assert p1.gpus == 1 and p1.sharing and p1.cpu_milli == 6000 and p1.memory_mib == 12288
+    assert (p1.gpus, p1.gpu_milli, p1.total_milli) == (1, 460, 460) and p1.sharing
+    assert p1.cpu_milli == 6000 and p1.memory_mib == 12288
+    assert p1.manifest()["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
     p0 = next(p for p in pods if p.name == "openb-pod-0000")  # a whole GPU, created 0, deleted 12537496
-    assert not p0.sharing and p0.duration_s == 12537496
+    assert not p0.sharing and p0.gpu_milli == 1000 and p0.duration_s == 12537496
 
 
 def test_openb_gpu_spec_becomes_the_allowed_models_for_gpuplace_and_the_baselines():
@@ -105,6 +109,41 @@ def test_placing_marks_units_held_and_a_unit_is_never_given_twice():
         c.place(0, SimPod("b", 1), units)
     c.release(0, pod, units)
     assert c.held[0] == {} and c.gpu_free[0] == 2 and c.allocated == 0
+
+
+def half(name, gpu_milli=500):
+    return SimPod(name, 1, cpu_milli=1000, memory_mib=1024, gpu_milli=gpu_milli)
+
+
+@pytest.mark.parametrize("policy", ["gpuplace", *BASELINES])
+def test_two_500_milli_pods_share_one_gpu_under_every_policy(policy):
+    pol = next(p for p in make_policies(ENGINE, list(BASELINES)) if p.name == policy)
+    c = Cluster([node("n", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
+    rng = random.Random(0)
+    for name in ("a", "b"):
+        i, units = pol.choose(half(name), c, rng)
+        c.place(i, half(name), units)
+    assert c.held[0] == {c.units[0][0].uuid: "a,b"}  # both on GPU 0, GPU 1 untouched
+    assert (c.allocated, c.allocated_milli, int(c.gpu_free[0])) == (1, 1000, 1)
+    # GPU 0 is full: a third share goes to GPU 1, after which no GPU is wholly free
+    i, units = pol.choose(half("c", 300), c, rng)
+    assert units == (c.units[0][1],)
+    c.place(i, half("c", 300), units)
+    assert not pol.feasible(SimPod("whole", 1, cpu_milli=1000, memory_mib=1024), c).any()
+    assert pol.feasible(half("d", 700), c).all() and not pol.feasible(half("e", 800), c).any()
+
+
+def test_a_whole_gpu_pod_is_refused_a_gpu_that_holds_a_share_and_a_share_is_released_alone():
+    c = Cluster([node("n", "t4", 1, 8000, 1000)], CAT, ENGINE.policy)
+    gpu = c.units[0][0]
+    c.place(0, half("a"), [gpu])
+    with pytest.raises(RuntimeError, match="already held by a"):
+        c.place(0, SimPod("whole", 1), [gpu])
+    c.place(0, half("b"), [gpu])
+    c.release(0, half("a"), [gpu])
+    assert c.held[0] == {gpu.uuid: "b"} and c.allocated == 1 and c.allocated_milli == 500
+    c.release(0, half("b"), [gpu])
+    assert c.held[0] == {} and c.allocated == 0 and c.gpu_free[0] == 1 and c.cost_per_hour == pytest.approx(0)
 
 
 def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
