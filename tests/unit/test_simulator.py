@@ -15,7 +15,8 @@ from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate, stranded_causes
+from simulator.run import (allocation_curve, fgd_arrivals, replay_time_scale, run_fill, run_replay, simulate,
+                           stranded_causes)
 from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
 from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
@@ -146,16 +147,22 @@ def test_a_whole_gpu_pod_is_refused_a_gpu_that_holds_a_share_and_a_share_is_rele
     assert c.held[0] == {} and c.allocated == 0 and c.gpu_free[0] == 1 and c.cost_per_hour == pytest.approx(0)
 
 
-def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
+def fixture_trace(cpu_only=True):
     nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT, cpu_only=cpu_only)
+    return nodes, pods, sum(len(n.inventory.gpus) for n in nodes)
+
+
+def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
+    nodes, pods, capacity = fixture_trace()
     for pol in make_policies(ENGINE, list(BASELINES)):
-        snaps = run_fill(nodes, fill_stream(pods, 0), pol, ENGINE, [0.5, 1.0], 0)
-        capacity = sum(len(n.inventory.gpus) for n in nodes)
+        snaps = run_fill(nodes, fgd_arrivals(pods, 0, 1.0, capacity * 1000), pol, ENGINE, [0.5, 1.0], 0)
         for s in snaps.values():
-            assert s.allocated_gpus <= capacity
+            assert s.allocated_gpus <= capacity and s.allocated_gpu_milli <= capacity * 1000
             assert s.allocation_ratio == pytest.approx(s.allocated_gpus / capacity)
         assert snaps[1.0].placed + snaps[1.0].unplaced >= snaps[0.5].placed + snaps[0.5].unplaced
+        assert snaps[0.5].arrived_ratio >= 0.5 and snaps[1.0].arrived_ratio >= 1.0  # the tuned list reaches 1.0
+        assert max(snaps.curve) <= 100
 
 
 def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
@@ -177,6 +184,82 @@ def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
         placed += 1
     assert placed > 30
     assert cluster.allocated == sum(len(h) for h in cluster.held)
+
+
+def test_fgd_allocation_rate_on_a_hand_made_trace_is_the_mean_over_the_pods_whose_arrived_share_rounds_to_the_load():
+    # One node, 2 GPUs = 2,000 milli. The list arrives as given (spread; best-fitting GPU for shares):
+    #   a: 300 milli -> GPU 0        arrived   300 ( 15.00 %)  used   300 ( 15.00 %)
+    #   b: 1 whole GPU -> GPU 1      arrived 1,300 ( 65.00 %)  used 1,300 ( 65.00 %)  <- snapshot 0.65
+    #   c: 690 milli -> GPU 0        arrived 1,990 ( 99.50 %, rounds half to even: 100)  used 1,990 (99.50 %)
+    #   d:   5 milli -> GPU 0        arrived 1,995 ( 99.75 %, rounds to 100)  used 1,995 ( 99.75 %)
+    #   e: 1 whole GPU: none free    arrived 2,995 (149.75 %, 150)  used 1,995          <- snapshot 1.0
+    # FGD at 100 %: mean(99.50, 99.75) = 99.625, rounded to 0.01 half to even = 99.62 %; at 65 %: 65.00 %.
+    # Whole-GPU occupancy is 2 of 2 GPUs at both snapshots; at 99 % FGD reads the events within one
+    # point (99.62 %); no event lies within a point of 50 %, so there is no value there.
+    c = [node("n", "t4", 2, 64000, 262144)]
+    pods = [half("a", 300), SimPod("b", 1, cpu_milli=1000, memory_mib=1024), half("c", 690), half("d", 5),
+            SimPod("e", 1, cpu_milli=1000, memory_mib=1024)]
+    snaps = run_fill(c, pods, KubeBaseline("spread", CAT), ENGINE, [0.65, 1.0], seed=0)
+    assert snaps[0.65].gpu_milli_allocation_ratio == pytest.approx(0.65)
+    assert snaps[1.0].gpu_milli_allocation_ratio == pytest.approx(0.9962)
+    assert snaps[0.65].allocation_ratio == snaps[1.0].allocation_ratio == 1.0
+    assert (snaps[1.0].placed, snaps[1.0].unplaced, snaps[1.0].sharing_placed) == (4, 1, 3)
+    assert snaps[1.0].allocated_gpu_milli == 1995 and snaps[1.0].arrived_ratio == pytest.approx(1.4975)
+    assert snaps.curve[0] == 0 and snaps.curve[15] == 15.0 and snaps.curve[99] == 99.62 and 50 not in snaps.curve
+    # the same reading straight from (arrived, used) pairs
+    assert allocation_curve([0, 1990, 1995], [0, 1990, 1995], 2, 100)[100] == 99.62
+
+
+def test_fgd_arrivals_shuffle_by_seed_and_tune_the_list_to_the_load():
+    pods = [SimPod(f"p{i}", 1, gpu_milli=500) for i in range(10)] + [SimPod("cpu", 0, gpu_milli=0)]
+    a = fgd_arrivals(pods, 1, 1.0, 4000)  # 5,500 milli asked, 4,000 wanted: random pods removed
+    assert a == fgd_arrivals(list(reversed(pods)), 1, 1.0, 4000)  # name order, then the seed's shuffle
+    assert sum(p.total_milli for p in a) <= 4000 and {p.name for p in a} <= {p.name for p in pods}
+    assert [p.name for p in a] != sorted(p.name for p in a) or a != fgd_arrivals(pods, 2, 1.0, 4000)
+    up = fgd_arrivals(pods, 1, 2.0, 4000)  # 5,500 asked, 8,000 wanted: copies appended
+    assert [p.name for p in up[:11]] == [p.name for p in fgd_arrivals(pods, 1, 3.0, 4000)[:11]]
+    assert all("-tuned-" in p.name for p in up[11:]) and 7500 <= sum(p.total_milli for p in up) <= 8000
+    # FGD's stop test compares the per-GPU share (simulator.go:1130): an 8-GPU copy may pass the target
+    big = fgd_arrivals([SimPod("eight", 8)], 0, 1.0, 9000)
+    assert [p.total_milli for p in big] == [8000, 8000]
+
+
+def test_all_policies_see_the_same_arrivals_for_a_seed():
+    nodes, pods, capacity = fixture_trace()
+    asked: dict[str, list[str]] = {}
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+            asked[self.name] = []
+
+        def choose(self, pod, cluster, rng):
+            asked[self.name].append(pod.name)
+            return self.inner.choose(pod, cluster, rng)
+
+        def feasible(self, pod, cluster):
+            return self.inner.feasible(pod, cluster)
+
+        def reset(self):
+            getattr(self.inner, "reset", lambda: None)()
+
+    policies = [Recording(p) for p in make_policies(ENGINE, list(BASELINES))]
+    simulate(nodes, policies, ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[5],
+             pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
+    first = asked["gpuplace"]
+    assert len(first) > len(pods) and all(names == first for names in asked.values()), asked.keys()
+
+
+def test_openb_cpu_only_pods_arrive_without_gpu_demand_and_take_host_resources():
+    nodes, pods, capacity = fixture_trace(cpu_only=True)
+    cpu = [p for p in pods if p.gpus == 0]
+    assert len(cpu) == 1 and cpu[0].total_milli == 0 and cpu[0].allowed_models is None and not cpu[0].sharing
+    c = Cluster(nodes, CAT, ENGINE.policy)
+    for pol in make_policies(ENGINE, list(BASELINES)):
+        i, units = pol.choose(cpu[0], c, random.Random(0))
+        assert units == ()
+    c.place(i, cpu[0], ())
+    assert c.cpu_free[i] == c.cpu_cap[i] - cpu[0].cpu_milli and c.allocated == c.allocated_milli == 0
 
 
 def natural_load(pods, capacity):
@@ -207,12 +290,11 @@ def test_replay_pods_leave_and_queued_pods_start_when_gpus_free_up():
 
 
 def test_the_same_seed_gives_the_same_numbers():
-    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    nodes, pods, capacity = fixture_trace()
 
     def once():
         r = simulate(nodes, make_policies(ENGINE, ["random", "spread"]), ENGINE, mode="fill", loads=[1.0, 1.3],
-                     seeds=[3, 4], pods_for_seed=lambda s, l: fill_stream(pods, s))
+                     seeds=[3, 4], pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
         d = report.to_json(r)
         d.pop("run_seconds")
         return d
@@ -316,10 +398,9 @@ def test_on_the_llm_mix_gpuplace_has_no_oom_risk_and_wastes_fewer_premium_gpu_ho
 # ---- report -----------------------------------------------------------------------------------
 
 def test_json_report_has_the_documented_shape(tmp_path):
-    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    nodes, pods, capacity = fixture_trace()
     r = simulate(nodes, make_policies(ENGINE, ["random"]), ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[0],
-                 pods_for_seed=lambda s, l: fill_stream(pods, s))
+                 pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
     path = tmp_path / "r.json"
     report.write_json(r, path)
     doc = json.loads(path.read_text())
@@ -341,9 +422,13 @@ def test_simulate_command_prints_the_table_and_writes_json_and_charts(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:4] == ["policy", "load", "alloc", "stranded"]
+    # Issue 17, item 1: FGD's milli-GPU allocation rate next to the whole-GPU occupancy
+    assert lines[0].split()[:5] == ["policy", "load", "milli-alloc", "occupied", "stranded"]
     assert sum(1 for line in lines if line.startswith(("gpuplace", "spread", "bestfit"))) == 6
     assert (tmp_path / "charts" / "allocation_ratio.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "charts" / "gpu_milli_allocation.png").read_bytes()[:4] == b"\x89PNG"
+    curves = json.loads((tmp_path / "r.json").read_text())["curves"]
+    assert curves["gpuplace"]["arrived_percent"][:3] == [0, 1, 2] and len(curves["spread"]["spread"]) > 50
     assert (tmp_path / "charts" / "stranded_by_model.png").stat().st_size > 1000
 
 
