@@ -24,6 +24,8 @@ random, as kube-scheduler's ``selectHost`` does.
   "Resource Bin Packing" configuration of the Kubernetes docs), plus BalancedAllocation.
 - ``static``: the hand-written nodeSelector a platform team maintains, model size -> GPU types
   (``STATIC_MAP``), on top of ``spread`` scoring; pods of unknown size get no selector.
+- ``fgd``: FGD's fragmentation gradient descent over the target workload (``simulator.fgd``),
+  FGD's own choice of GPU for a sharing pod.
 
 Every policy places under the share model of ``cluster.Cluster``: whole-GPU pods need wholly free
 GPUs, a GPU-sharing pod needs its ``gpu_milli`` free on one GPU (kube-scheduler with a GPU-sharing
@@ -36,7 +38,7 @@ first free GPUs by index, as the device plugin does, and for a sharing pod the b
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -58,7 +60,8 @@ STATIC_MAP: list[tuple[float, list[str]]] = [
     (34, ["A100-80GB", "A800", "L40S", "GPU-series-2"]),
     (float("inf"), ["H100", "H800", "H200", "A100-80GB", "A800", "GPU-series-2"]),
 ]
-BASELINES = ("random", "spread", "bestfit", "static")
+KUBE_BASELINES = ("random", "spread", "bestfit", "static")
+BASELINES = (*KUBE_BASELINES, "fgd")
 
 
 class PlacementPolicy(Protocol):
@@ -201,8 +204,9 @@ class KubeBaseline:
     """kube-scheduler with the NVIDIA device plugin and no extender (see module docstring)."""
 
     def __init__(self, name: str, catalog: Catalog) -> None:
-        if name not in BASELINES:
-            raise ValueError(f"unknown baseline {name!r}; use one of {', '.join(BASELINES)}")
+        if name not in KUBE_BASELINES:
+            raise ValueError(f"unknown kube-scheduler baseline {name!r}; use one of {', '.join(KUBE_BASELINES)} "
+                             "(fgd is simulator.fgd.FgdPolicy)")
         self.name = name
         self._static = [(limit, frozenset().union(*(_resolve(t, catalog) for t in tokens)))
                         for limit, tokens in STATIC_MAP]
@@ -240,6 +244,17 @@ def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
         return frozenset({resolve_model(token, catalog).id})
 
 
-def make_policies(engine: Engine, baselines: list[str]) -> list[PlacementPolicy]:
-    """gpuplace first, then the named baselines."""
-    return [GpuplacePolicy(engine), *(KubeBaseline(b, engine.catalog) for b in baselines)]
+def make_policies(engine: Engine, baselines: list[str], target: Sequence[SimPod] | None = None
+                  ) -> list[PlacementPolicy]:
+    """gpuplace first, then the named baselines; ``fgd`` needs ``target``, the workload whose
+    typical pods it measures fragmentation against (``simulator.fgd``)."""
+    from simulator.fgd import FgdPolicy
+    out: list[PlacementPolicy] = [GpuplacePolicy(engine)]
+    for b in baselines:
+        if b == "fgd":
+            if target is None:
+                raise ValueError("baseline fgd needs the target workload (target=...)")
+            out.append(FgdPolicy(target))
+        else:
+            out.append(KubeBaseline(b, engine.catalog))
+    return out

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 DEFAULT_OPENB_NODES = "openb_node_list_gpu_node.csv"
+LLM_TARGET_PODS = 5000
+"""Pods of the LLM generator that make FGD's target workload for ``--trace llm``."""
 
 EPILOG = """\
 examples:
@@ -33,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
         "simulate", help="replay a workload over a fleet through gpuplace's filter/score and baselines",
         description="Replay a workload over a fleet of GPU nodes through the extender's own filter and "
                     "score, next to baselines (random, kube-scheduler spread, best fit, static "
-                    "nodeSelector), and report FGD's GPU allocation rate, whole-GPU occupancy, "
+                    "nodeSelector, FGD), and report FGD's GPU allocation rate, whole-GPU occupancy, "
                     "stranded GPUs, OOM risk, premium GPU-hours and cost.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--trace", required=True, choices=("openb", "llm", "yaml"),
@@ -48,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                         "scaled to the offered load, pods leave, a FIFO queue retries (default fill)")
     s.add_argument("--policy", default="default", metavar="default|FILE", help="gpuplace policy (default: shipped)")
     s.add_argument("--baselines", default="all", metavar="LIST",
-                   help="comma list of random,spread,bestfit,static, or all, or none (default all)")
+                   help="comma list of random,spread,bestfit,static,fgd, or all, or none (default all)")
     s.add_argument("--load", default="1.0,1.3", metavar="LIST",
                    help="load levels, comma list: share of the fleet's GPUs arrived, in milli-GPUs (fill; a "
                         "pod list is tuned to the highest, as FGD does) or offered GPU load per unit of "
@@ -102,6 +104,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator import report
     from simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
     from simulator.cluster import Cluster
+    from simulator.fgd import FgdPolicy
     from simulator.model import simulation_catalog
     from simulator.run import fgd_arrivals, simulate
     from simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
@@ -156,7 +159,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return fgd_arrivals(trace, seed, load, capacity_milli) if args.mode == "fill" else trace
 
     weight = EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
-    policies = [GpuplacePolicy(engine, extender_weight=weight), *(KubeBaseline(b, catalog) for b in baselines)]
+    # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
+    # sample of its stream at the first seed (every seed draws from the same distribution).
+    target = trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
+    policies = [GpuplacePolicy(engine, extender_weight=weight),
+                *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, catalog) for b in baselines)]
     progress = None
     if not args.quiet and sys.stderr.isatty():
         def progress(label: str, n: int) -> None:

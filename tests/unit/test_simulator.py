@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from scheduler_extender.core.engine import Engine
@@ -14,6 +15,7 @@ from scheduler_extender.core.workload import WorkloadTracker
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
+from simulator.fgd import FgdPolicy, TypicalPod, typical_pods
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
 from simulator.run import (allocation_curve, fgd_arrivals, replay_time_scale, run_fill, run_replay, simulate,
                            stranded_causes)
@@ -118,7 +120,7 @@ def half(name, gpu_milli=500):
 
 @pytest.mark.parametrize("policy", ["gpuplace", *BASELINES])
 def test_two_500_milli_pods_share_one_gpu_under_every_policy(policy):
-    pol = next(p for p in make_policies(ENGINE, list(BASELINES)) if p.name == policy)
+    pol = next(p for p in make_policies(ENGINE, list(BASELINES), target=[half("t")]) if p.name == policy)
     c = Cluster([node("n", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
     rng = random.Random(0)
     for name in ("a", "b"):
@@ -155,7 +157,7 @@ def fixture_trace(cpu_only=True):
 
 def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
     nodes, pods, capacity = fixture_trace()
-    for pol in make_policies(ENGINE, list(BASELINES)):
+    for pol in make_policies(ENGINE, list(BASELINES), target=pods):
         snaps = run_fill(nodes, fgd_arrivals(pods, 0, 1.0, capacity * 1000), pol, ENGINE, [0.5, 1.0], 0)
         for s in snaps.values():
             assert s.allocated_gpus <= capacity and s.allocated_gpu_milli <= capacity * 1000
@@ -243,7 +245,7 @@ def test_all_policies_see_the_same_arrivals_for_a_seed():
         def reset(self):
             getattr(self.inner, "reset", lambda: None)()
 
-    policies = [Recording(p) for p in make_policies(ENGINE, list(BASELINES))]
+    policies = [Recording(p) for p in make_policies(ENGINE, list(BASELINES), target=pods)]
     simulate(nodes, policies, ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[5],
              pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
     first = asked["gpuplace"]
@@ -255,7 +257,7 @@ def test_openb_cpu_only_pods_arrive_without_gpu_demand_and_take_host_resources()
     cpu = [p for p in pods if p.gpus == 0]
     assert len(cpu) == 1 and cpu[0].total_milli == 0 and cpu[0].allowed_models is None and not cpu[0].sharing
     c = Cluster(nodes, CAT, ENGINE.policy)
-    for pol in make_policies(ENGINE, list(BASELINES)):
+    for pol in make_policies(ENGINE, list(BASELINES), target=pods):
         i, units = pol.choose(cpu[0], c, random.Random(0))
         assert units == ()
     c.place(i, cpu[0], ())
@@ -379,14 +381,115 @@ def test_static_map_pins_a_70b_model_to_premium_gpus_and_a_3b_model_to_small_one
     assert static.selector(SimPod("unknown", 1)) is None
 
 
+# ---- FGD ----------------------------------------------------------------------------------------
+
+def typical(*rows):
+    """TypicalPod rows (CPU millicores, milli per GPU, GPUs, share in percent), any GPU model."""
+    return [TypicalPod(cpu, milli, gpus, None, pct / 100) for cpu, milli, gpus, pct in rows]
+
+
+def fragmentation_of(pol, model_id, free_milli, cpu_free):
+    c = Cluster([node("n", model_id, len(free_milli), 64000, 262144)], CAT, ENGINE.policy)
+    pol.bind(c)
+    return float(pol.fragmentation(np.array([free_milli]), np.array([float(cpu_free)]), np.array([0]))[0])
+
+
+# The authors' unit test TestNodeGpuShareFragAmountWithNonGpu (pkg/utils/frag_test.go), its target
+# workload with CPU-only pods (milli 0) and its expected fragmentation of three 8 x P100 nodes.
+AUTHORS_TYPICAL = typical(
+    (15700, 1000, 1, 28.69), (11900, 1000, 1, 18.93), (11400, 1000, 1, 12.27), (1000, 0, 0, 7.36),
+    (18710, 1000, 1, 4.85), (8200, 1000, 1, 3.79), (16400, 1000, 1, 3.31), (9810, 1000, 1, 1.97),
+    (15200, 1000, 1, 1.87), (11200, 1000, 1, 1.81), (14200, 1000, 1, 1.76), (12000, 0, 0, 1.65),
+    (14900, 1000, 1, 1.39), (60200, 1000, 4, 1.23), (64200, 1000, 8, 1.07), (32200, 1000, 4, 1.01),
+    (17400, 1000, 2, 0.91), (30200, 1000, 2, 0.69), (16000, 1000, 1, 0.64), (15000, 1000, 1, 0.59),
+    (64000, 1000, 8, 0.53), (15000, 0, 0, 0.53), (11910, 1000, 1, 0.53), (120200, 1000, 8, 0.48),
+    (11300, 1000, 1, 0.37), (30000, 1000, 2, 0.32), (9800, 1000, 1, 0.32), (8000, 1000, 1, 0.32),
+    (2000, 1000, 1, 0.27), (2000, 80, 1, 0.27), (1000, 1000, 1, 0.27))
+
+
+@pytest.mark.parametrize("free_milli, cpu_free, expected", [
+    ([1000] * 8, 64000, 887.20),               # empty: the CPU-only pods' share of the idle GPUs, and the 8-GPU pods that need more CPU
+    ([1000] * 4 + [0] * 4, 32000, 554.40),     # half used
+    ([1000] * 4 + [0] * 4, 0, 4000.0),         # no CPU left: every idle GPU is fragment
+])
+def test_fgd_fragmentation_matches_the_authors_unit_test(free_milli, cpu_free, expected):
+    pol = FgdPolicy([], typical=AUTHORS_TYPICAL)
+    assert fragmentation_of(pol, "p100-pcie-16gb", free_milli, cpu_free) == pytest.approx(expected, abs=0.01)
+
+
+def test_fgd_fragmentation_counts_every_idle_gpu_of_a_node_short_of_cpu():
+    # frag_test.go's last case: one typical pod (6 cores, 465 milli, 9.33 %), a node with 1 core
+    # and 200 + 1000 + 1000 + 500 milli free: it lacks CPU, so all 2,700 milli are fragment.
+    pol = FgdPolicy([], typical=typical((6000, 465, 1, 9.33)))
+    assert fragmentation_of(pol, "t4", [200, 1000, 1000, 500], 1000) == pytest.approx(0.0933 * 2700)
+    # with the CPU it can host the pod: only the 200-milli GPU, too small for 465, is fragment
+    assert fragmentation_of(pol, "t4", [200, 1000, 1000, 500], 8000) == pytest.approx(0.0933 * 200)
+
+
+def test_fgd_puts_a_half_gpu_pod_where_it_fills_a_half_used_gpu_not_where_it_breaks_a_free_one():
+    # Worked by hand from the paper's measure. Target workload: half the pods ask 500 milli, half a
+    # whole GPU. Node "half" has one GPU with 500 free, node "free" one GPU with 1000 free.
+    #   F(half) = 0.5 x 500 (a whole-GPU pod cannot use the 500 left) = 250; after the pod: 0.
+    #   F(free) = 0; after the pod: 250.
+    # Scores int(sigmoid(dF / 1000) x 100): half 56 (dF +250), free 43 (dF -250): FGD takes "half".
+    target = [half(f"h{i}") for i in range(5)] + [SimPod(f"w{i}", 1, cpu_milli=1000, memory_mib=1024) for i in range(5)]
+    pol = FgdPolicy(target)
+    assert [(t.gpu_milli, t.share) for t in pol.typical] == [(1000, 0.5), (500, 0.5)]
+    c = Cluster([node("half", "t4", 1, 64000, 262144), node("free", "t4", 1, 64000, 262144)], CAT, ENGINE.policy)
+    c.place(0, half("old"), c.units[0])
+    pol.bind(c)
+    scores, _ = pol._score(half("new"), c, np.array([0, 1]))
+    assert scores.tolist() == [56, 43]
+    for seed in range(5):
+        assert pol.choose(half("new"), c, random.Random(seed)) == (0, (c.units[0][0],))
+    # Within a node: GPUs free (1000, 500); the pod goes on GPU 1, which it fills (F 250 -> 0),
+    # not on GPU 0 (F 250 -> 500: then no GPU is left for a whole-GPU pod).
+    c2 = Cluster([node("two", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
+    c2.place(0, half("old"), [c2.units[0][1]])
+    assert pol.choose(half("new"), c2, random.Random(0)) == (0, (c2.units[0][1],))
+    # the spread baseline, by contrast, takes the emptier node
+    assert KubeBaseline("spread", CAT).choose(half("new"), c, random.Random(0))[0] == 1
+
+
+def test_fgd_breaks_ties_as_the_authors_scheduler_does_always_toward_the_first_node_of_a_seeded_order():
+    # Their patched selectHost takes the smallest node name among equal scores, names prefixed by a
+    # seeded permutation: equal nodes fill one at a time. kube-scheduler (spread) picks at random.
+    nodes = [node(f"n{i}", "t4", 4, 64000, 262144) for i in range(6)]
+    pods = [SimPod(f"p{i}", 1, cpu_milli=1000, memory_mib=1024) for i in range(3)]
+    seen = set()
+    for seed in range(4):
+        c = Cluster(nodes, CAT, ENGINE.policy)
+        pol, rng = FgdPolicy(pods), random.Random(seed)
+        picks = []
+        for p in pods:
+            i, units = pol.choose(p, c, rng)
+            c.place(i, p, units)
+            picks.append(i)
+        assert len(set(picks)) == 1  # the first pod's node keeps winning the ties
+        seen.add(picks[0])
+    assert len(seen) > 1  # which node that is depends on the seed
+
+
+def test_fgd_target_workload_is_the_most_frequent_specs_up_to_95_percent_of_the_pods():
+    pods = ([SimPod(f"a{i}", 1, cpu_milli=1000) for i in range(10)] + [half(f"b{i}") for i in range(6)]
+            + [SimPod(f"c{i}", 0, cpu_milli=2000, gpu_milli=0) for i in range(3)] + [SimPod("d", 8, cpu_milli=9000)])
+    t = typical_pods(pods)  # 95 % of 20 pods = 19: specs of 10, 6 and 3 pods; the 8-GPU pod is left out
+    assert [(x.gpus, x.gpu_milli, x.share) for x in t] == [(1, 1000, 10 / 19), (1, 500, 6 / 19), (0, 0, 3 / 19)]
+
+
 def test_unknown_baseline_is_refused_with_the_accepted_names():
     with pytest.raises(ValueError, match="random, spread, bestfit, static"):
+        KubeBaseline("tetris", CAT)
+    with pytest.raises(ValueError, match="FgdPolicy"):  # fgd is a baseline, but not a kube-scheduler one
         KubeBaseline("fgd", CAT)
+    with pytest.raises(ValueError, match="target workload"):
+        make_policies(ENGINE, ["fgd"])
 
 
 def test_on_the_llm_mix_gpuplace_has_no_oom_risk_and_wastes_fewer_premium_gpu_hours_than_every_baseline():
     fleet = mixed_fleet(CAT)
-    r = simulate(fleet, make_policies(ENGINE, list(BASELINES)), ENGINE, mode="fill", loads=[1.0],
+    target = [p for p, _ in zip(llm_pods(0), range(2000))]
+    r = simulate(fleet, make_policies(ENGINE, list(BASELINES), target=target), ENGINE, mode="fill", loads=[1.0],
                  seeds=[0, 1], pods_for_seed=lambda s, l: llm_pods(s))
     doc = report.to_json(r)["policies"]
     assert doc["gpuplace"]["1.0"]["oom_risk"] == 0
