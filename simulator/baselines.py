@@ -10,7 +10,12 @@ random, as kube-scheduler's ``selectHost`` does.
   extender runs), on top of the CPU/memory filter. The node is picked as kube-scheduler picks it
   with the extender configured at ``EXTENDER_WEIGHT``: extender score x weight x 10 plus the
   default profile's scores (``kube_scores``, as ``spread``), then a random pick among ties.
-  The units are the filter's ``chosen``.
+  The units are the filter's ``chosen``. A GPU-sharing pod is filtered and scored as a one-GPU
+  pod against the node with the units that have less than its share free held
+  (``Cluster.class_state``) and gets the best-fitting unit of the chosen node
+  (``Cluster.best_fit_unit``): the extender hands out whole devices and has no share of its own
+  to choose. A CPU-only pod never reaches the extender (``managedResources`` names GPU resources
+  only): the default profile places it, as ``spread``.
 - ``random``: any feasible node.
 - ``spread``: kube-scheduler's default profile: NodeResourcesFit ``LeastAllocated`` plus
   NodeResourcesBalancedAllocation over cpu and memory (``kube_scores``; resources the workload
@@ -19,15 +24,21 @@ random, as kube-scheduler's ``selectHost`` does.
   "Resource Bin Packing" configuration of the Kubernetes docs), plus BalancedAllocation.
 - ``static``: the hand-written nodeSelector a platform team maintains, model size -> GPU types
   (``STATIC_MAP``), on top of ``spread`` scoring; pods of unknown size get no selector.
+- ``fgd``: FGD's fragmentation gradient descent over the target workload (``simulator.fgd``),
+  FGD's own choice of GPU for a sharing pod.
 
-No baseline checks VRAM: a device plugin counts devices, not memory; that is where OOM risk
-comes from. Baselines take the node's first free GPUs by index, as the device plugin does.
+Every policy places under the share model of ``cluster.Cluster``: whole-GPU pods need wholly free
+GPUs, a GPU-sharing pod needs its ``gpu_milli`` free on one GPU (kube-scheduler with a GPU-sharing
+device plugin and its filter, as FGD's simulator models it). No baseline checks VRAM: a device
+plugin counts devices, not memory; that is where OOM risk comes from. Baselines take the node's
+first free GPUs by index, as the device plugin does, and for a sharing pod the best-fitting GPU
+(``Cluster.units_for``). ``bestfit``'s nvidia.com/gpu fraction counts milli-GPUs.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -49,7 +60,8 @@ STATIC_MAP: list[tuple[float, list[str]]] = [
     (34, ["A100-80GB", "A800", "L40S", "GPU-series-2"]),
     (float("inf"), ["H100", "H800", "H200", "A100-80GB", "A800", "GPU-series-2"]),
 ]
-BASELINES = ("random", "spread", "bestfit", "static")
+KUBE_BASELINES = ("random", "spread", "bestfit", "static")
+BASELINES = (*KUBE_BASELINES, "fgd")
 
 
 class PlacementPolicy(Protocol):
@@ -71,7 +83,8 @@ def _fractions_after(pod: SimPod, c: Cluster, gpu: bool) -> list[np.ndarray]:
     """Requested / allocatable per resource after placing ``pod`` (resources the workload gives)."""
     parts = []
     if gpu:
-        parts.append((c.gpu_total - c.gpu_free + pod.gpus) / np.maximum(c.gpu_total, 1))
+        used = c.milli_total - c.milli_free.sum(axis=1)
+        parts.append((used + pod.total_milli) / np.maximum(c.milli_total, 1))
     if pod.cpu_milli is not None and np.isfinite(c.cpu_cap).all():
         parts.append((c.cpu_cap - c.cpu_free + pod.cpu_milli) / c.cpu_cap)
     if pod.memory_mib is not None and np.isfinite(c.mem_cap).all():
@@ -85,7 +98,8 @@ def kube_scores(pod: SimPod, c: Cluster, strategy: str = "LeastAllocated", gpu: 
     used fraction) plus NodeResourcesBalancedAllocation (100 x (1 - std of the used fractions)),
     both over cpu and memory (the default profile) and, with ``gpu``, nvidia.com/gpu (listed in
     the plugins' ``resources`` args, as bin-packing configurations do), after placing the pod,
-    each plugin at weight 1 (kubernetes pkg/scheduler/framework/plugins/noderesources)."""
+    each plugin at weight 1 (kubernetes pkg/scheduler/framework/plugins/noderesources). The GPU
+    fraction is in milli-GPUs (a sharing pod requests its share of one GPU)."""
     parts = _fractions_after(pod, c, gpu=gpu)
     if not parts:
         return np.zeros(len(c.nodes))
@@ -127,20 +141,24 @@ class GpuplacePolicy:
 
     def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:
         """Filter verdicts of the classes with a node that fits the pod's CPU/memory (kube-scheduler
-        runs NodeResourcesFit before it calls the extender), one filter call per class and pod kind."""
+        runs NodeResourcesFit before it calls the extender), one filter call per engine state
+        (``Cluster.class_state``) and pod kind."""
         job = self.job(pod)
         out: dict[int, NodeResult] = {}
         for cid in cluster.live_classes(fits):
-            key = (id(cluster), pod.signature, cid)
+            state = cluster.class_state(cid, pod.gpu_milli)
+            key = (pod.signature, id(state))
             r = self._verdicts.get(key)
             if r is None:
-                r = self._verdicts[key] = self.engine.filter(job, [cluster.class_state(cid)], None)[0]
+                r = self._verdicts[key] = self.engine.filter(job, [state], None)[0]
                 self.filter_calls += 1
             out[cid] = r
         return job, out
 
     def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
         fits = cluster.fits_resources(pod)
+        if pod.gpus == 0:  # no GPU request: kube-scheduler does not call the extender
+            return fits
         _, verdicts = self._verdicts_for(pod, cluster, fits)
         ok = np.zeros(cluster.class_total, dtype=bool)
         ok[[c for c, r in verdicts.items() if r.passed and r.chosen]] = True
@@ -148,6 +166,9 @@ class GpuplacePolicy:
 
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
         fits = cluster.fits_resources(pod)
+        if pod.gpus == 0:  # no GPU request: kube-scheduler's default profile alone
+            i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)
+            return None if i is None else (i, ())
         job, verdicts = self._verdicts_for(pod, cluster, fits)
         shape = demand_shape(job)
         if shape is not None:  # the extender learns from every pod it is asked about, placed or not
@@ -155,17 +176,23 @@ class GpuplacePolicy:
         passed = [(c, r) for c, r in verdicts.items() if r.passed and r.chosen]
         if not passed:
             return None
-        states = [cluster.class_state(c) for c, _ in passed]
-        scores = self.engine.score(job, states, [r for _, r in passed], self.tracker.profile())
+        unique: dict[str, tuple] = {}  # classes that look alike to this pod are scored once
+        for c, r in passed:
+            st = cluster.class_state(c, pod.gpu_milli)
+            unique.setdefault(st.name, (st, r))
+        scores = self.engine.score(job, [st for st, _ in unique.values()], [r for _, r in unique.values()],
+                                   self.tracker.profile())
         by_class = np.full(cluster.class_total, -np.inf)
-        for (c, _), st in zip(passed, states):
-            by_class[c] = scores[st.name].score
+        for c, _ in passed:
+            by_class[c] = scores[cluster.class_state(c, pod.gpu_milli).name].score
         # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
         keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
         keys[~fits] = -np.inf
         i = _pick(keys, rng)
         if i is None:
             return None
+        if pod.sharing:
+            return i, (cluster.best_fit_unit(i, pod.gpu_milli),)
         return i, verdicts[int(cluster.class_of[i])].chosen
 
     def reset(self) -> None:
@@ -177,8 +204,9 @@ class KubeBaseline:
     """kube-scheduler with the NVIDIA device plugin and no extender (see module docstring)."""
 
     def __init__(self, name: str, catalog: Catalog) -> None:
-        if name not in BASELINES:
-            raise ValueError(f"unknown baseline {name!r}; use one of {', '.join(BASELINES)}")
+        if name not in KUBE_BASELINES:
+            raise ValueError(f"unknown kube-scheduler baseline {name!r}; use one of {', '.join(KUBE_BASELINES)} "
+                             "(fgd is simulator.fgd.FgdPolicy)")
         self.name = name
         self._static = [(limit, frozenset().union(*(_resolve(t, catalog) for t in tokens)))
                         for limit, tokens in STATIC_MAP]
@@ -192,7 +220,7 @@ class KubeBaseline:
         return allowed
 
     def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
-        return (cluster.gpu_free >= pod.gpus) & cluster.model_mask(self.selector(pod)) & cluster.fits_resources(pod)
+        return cluster.fits_gpus(pod) & cluster.model_mask(self.selector(pod)) & cluster.fits_resources(pod)
 
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
         ok = self.feasible(pod, cluster)
@@ -205,7 +233,7 @@ class KubeBaseline:
         i = _pick(keys, rng)
         if i is None:
             return None
-        return i, tuple(cluster.free_units(i)[:pod.gpus])
+        return i, cluster.units_for(i, pod)
 
 
 def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
@@ -216,6 +244,17 @@ def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
         return frozenset({resolve_model(token, catalog).id})
 
 
-def make_policies(engine: Engine, baselines: list[str]) -> list[PlacementPolicy]:
-    """gpuplace first, then the named baselines."""
-    return [GpuplacePolicy(engine), *(KubeBaseline(b, engine.catalog) for b in baselines)]
+def make_policies(engine: Engine, baselines: list[str], target: Sequence[SimPod] | None = None
+                  ) -> list[PlacementPolicy]:
+    """gpuplace first, then the named baselines; ``fgd`` needs ``target``, the workload whose
+    typical pods it measures fragmentation against (``simulator.fgd``)."""
+    from simulator.fgd import FgdPolicy
+    out: list[PlacementPolicy] = [GpuplacePolicy(engine)]
+    for b in baselines:
+        if b == "fgd":
+            if target is None:
+                raise ValueError("baseline fgd needs the target workload (target=...)")
+            out.append(FgdPolicy(target))
+        else:
+            out.append(KubeBaseline(b, engine.catalog))
+    return out

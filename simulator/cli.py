@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 DEFAULT_OPENB_NODES = "openb_node_list_gpu_node.csv"
+LLM_TARGET_PODS = 5000
+"""Pods of the LLM generator that make FGD's target workload for ``--trace llm``."""
 
 EPILOG = """\
 examples:
@@ -33,8 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
         "simulate", help="replay a workload over a fleet through gpuplace's filter/score and baselines",
         description="Replay a workload over a fleet of GPU nodes through the extender's own filter and "
                     "score, next to baselines (random, kube-scheduler spread, best fit, static "
-                    "nodeSelector), and report allocation ratio, stranded GPUs, OOM risk, premium "
-                    "GPU-hours and cost.",
+                    "nodeSelector, FGD), and report FGD's GPU allocation rate, whole-GPU occupancy, "
+                    "stranded GPUs, OOM risk, premium GPU-hours and cost.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--trace", required=True, choices=("openb", "llm", "yaml"),
                    help="workload: the Alibaba openb pod list, the generated LLM mix, or a kind: Workload YAML")
@@ -43,14 +45,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                    help="openb or spot node list CSV, a directory of NodeGPUInventory files, or 'mixed' "
                         "(default: the openb node list next to --pods; 'mixed' for --trace llm)")
     s.add_argument("--mode", choices=("fill", "replay"), default="fill",
-                   help="fill: pods arrive and never leave, snapshot at each load; replay: trace times "
+                   help="fill: pods arrive (FGD's shuffled, tuned list) and never leave, snapshot at each "
+                        "load; replay: trace times "
                         "scaled to the offered load, pods leave, a FIFO queue retries (default fill)")
     s.add_argument("--policy", default="default", metavar="default|FILE", help="gpuplace policy (default: shipped)")
     s.add_argument("--baselines", default="all", metavar="LIST",
-                   help="comma list of random,spread,bestfit,static, or all, or none (default all)")
+                   help="comma list of random,spread,bestfit,static,fgd, or all, or none (default all)")
     s.add_argument("--load", default="1.0,1.3", metavar="LIST",
-                   help="load levels, comma list: share of the fleet's GPUs requested (fill) or offered "
-                        "GPU load per unit of time (replay) (default 1.0,1.3)")
+                   help="load levels, comma list: share of the fleet's GPUs arrived, in milli-GPUs (fill; a "
+                        "pod list is tuned to the highest, as FGD does) or offered GPU load per unit of "
+                        "time (replay) (default 1.0,1.3)")
     s.add_argument("--seed", type=int, default=0, help="first seed; a run is repeatable (default 0)")
     s.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="seeds seed..seed+N-1; the report shows mean ± spread (default 3)")
@@ -59,7 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     s.add_argument("--extender-weight", type=float, default=None, metavar="W",
                    help="the extender's weight in the kube-scheduler configuration (default 10, as installed)")
     s.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    s.add_argument("--charts", metavar="DIR", help="write allocation_ratio.png and stranded_by_model.png")
+    s.add_argument("--charts", metavar="DIR",
+                   help="write gpu_milli_allocation.png, allocation_ratio.png and stranded_by_model.png")
     s.add_argument("--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(fn=cmd_simulate)
     return s
@@ -98,8 +103,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from scheduler_extender.core.policy import PolicyError, load_policy
     from simulator import report
     from simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
+    from simulator.cluster import Cluster
+    from simulator.fgd import FgdPolicy
     from simulator.model import simulation_catalog
-    from simulator.run import fill_stream, simulate
+    from simulator.run import fgd_arrivals, simulate
     from simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
     from simulator.workload import llm_pods, rate_for_load
 
@@ -131,7 +138,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         nodes = load_fleet(fleet, catalog)
         skipped = 0
         if args.trace == "openb":
-            trace, skipped = openb_pods(args.pods, catalog)
+            trace, skipped = openb_pods(args.pods, catalog, cpu_only=True)
         elif args.trace == "yaml":
             trace = yaml_pods(args.pods, catalog)
         else:
@@ -140,6 +147,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"gpuplace simulate: {e}", file=sys.stderr)
         return 2
     capacity = sum(len(n.inventory.gpus) for n in nodes)
+    capacity_milli = Cluster(nodes, catalog, policy).capacity_milli  # units (MIG devices count) x 1000
+    cpu_only = sum(1 for p in trace if not p.gpus)
 
     def pods_for(seed: int, load: float):  # noqa: ANN202
         if args.trace == "llm":
@@ -147,17 +156,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 return llm_pods(seed)
             gen = llm_pods(seed, rate_per_hour=rate_for_load(load, capacity))
             return [p for p, _ in zip(gen, range(args.llm_pods))]
-        return fill_stream(trace, seed) if args.mode == "fill" else trace
+        return fgd_arrivals(trace, seed, load, capacity_milli) if args.mode == "fill" else trace
 
     weight = EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
-    policies = [GpuplacePolicy(engine, extender_weight=weight), *(KubeBaseline(b, catalog) for b in baselines)]
+    # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
+    # sample of its stream at the first seed (every seed draws from the same distribution).
+    target = trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
+    policies = [GpuplacePolicy(engine, extender_weight=weight),
+                *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, catalog) for b in baselines)]
     progress = None
     if not args.quiet and sys.stderr.isatty():
         def progress(label: str, n: int) -> None:
             print(f"\r  {label}: {n} pods ...   ", end="", file=sys.stderr, flush=True)
     if not args.quiet:
         print(f"fleet: {len(nodes)} nodes, {capacity} GPUs ({fleet}); workload: {args.trace}"
-              f"{f' {args.pods}' if args.pods else ''}; {len(trace) or 'generated'} GPU pods"
+              f"{f' {args.pods}' if args.pods else ''}; {len(trace) - cpu_only or 'generated'} GPU pods"
+              f"{f', {cpu_only} CPU-only pods' if cpu_only else ''}"
               f"{f', {skipped} CPU-only pods skipped' if skipped else ''}; mode {args.mode}; "
               f"policies {', '.join(p.name for p in policies)}; seeds {args.seed}..{args.seed + args.repeats - 1}",
               file=sys.stderr)
@@ -166,7 +180,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if progress is not None:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     result.meta = {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": fleet, "nodes": len(nodes),
-                   "gpus": capacity, "skipped_cpu_only_pods": skipped, "extender_weight": weight,
+                   "gpus": capacity, "skipped_cpu_only_pods": skipped, "cpu_only_pods": cpu_only,
+                   "extender_weight": weight,
                    "policy": args.policy, "loads": [report.load_key(l) for l in loads],
                    "title": f"({args.trace}, {args.mode})"}
     print(report.render_table(result))

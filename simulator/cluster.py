@@ -1,13 +1,24 @@
-"""The simulated cluster: per-node allocations kept exactly as the extender's cache keeps them
-(``NodeAllocation.held``: unit UUID -> pod), plus CPU/memory and vectors the policies read.
+"""The simulated cluster: per-GPU shares in thousandths of a GPU (``milli_free``: node x unit,
+FGD's ``MilliGpuLeftList``), the pods on each GPU, CPU/memory, and vectors the policies read.
 
-Equivalence classes: nodes with the same inventory view and the same held units get the same
-filter verdict and the same score for any pod (the engine's filter and score read no CPU or
-memory), so the engine filters and scores one representative ``NodeState`` per class
+Share model (every policy places under it): a unit (a full GPU, or a MIG device as the device
+plugin advertises it) has 1000 milli. A pod of ``gpu_milli`` = 1000 takes ``gpus`` units that are
+wholly free; a GPU-sharing pod (``gpus`` = 1, ``gpu_milli`` < 1000) takes ``gpu_milli`` of one unit
+with that much free, and other sharing pods may take the rest of that unit (FGD's simulator:
+``Filter`` and ``allocateGpuId`` in ``pkg/simulator/plugin/open_gpu_share.go``, ``NodeResource.Sub``
+in ``pkg/type/resource.go``); a CPU-only pod (``gpus`` = 0) takes no unit. ``held`` is the
+extender's view of a node (``NodeAllocation.held``: unit UUID -> the pods on it, comma-joined):
+a unit with any share taken is held for a whole-GPU pod.
+
+Equivalence classes: nodes with the same inventory view and the same free share on each unit get
+the same filter verdict and the same score for any pod (the engine's filter and score read no CPU
+or memory), so the engine filters and scores one representative ``NodeState`` per class
 (``class_state``) instead of every node. A node moves to another class whenever a pod is placed
-on it or leaves it; classes are keyed by (view, held unit UUIDs). When the policy scores
-fragmentation, the engine reads the node's free CPU and memory too (``NodeState.cpu_milli_free``,
-``memory_bytes_free``): they join the key, so partly used nodes then each form their own class.
+on it or leaves it; classes are keyed by (view, free milli per unit). For a pod of ``m`` milli per
+GPU the class's state holds the units with less than ``m`` free (``class_state(cid, m)``): for a
+whole-GPU pod every unit with a share taken. When the policy scores fragmentation, the engine
+reads the node's free CPU and memory too (``NodeState.cpu_milli_free``, ``memory_bytes_free``):
+they join the key, so partly used nodes then each form their own class.
 """
 
 from __future__ import annotations
@@ -23,6 +34,9 @@ from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import NVIDIA_GPU
 from simulator.model import SimNode, SimPod
+
+MILLI = 1000
+"""Thousandths of a GPU in one unit (FGD's ``gpushareutils.MILLI``)."""
 
 
 class Cluster:
@@ -59,12 +73,23 @@ class Cluster:
                 self.models.append(mid)
             model_ix.append(self.models.index(mid))
         self.model_of = np.array(model_ix, dtype=np.int64)
+        width = max((len(u) for u in self.units), default=0)
+        self.milli_free = np.zeros((len(self.nodes), max(width, 1)), dtype=np.int64)
+        for i, u in enumerate(self.units):
+            self.milli_free[i, :len(u)] = MILLI  # columns past a node's units stay 0: never free
+        self.milli_total = self.gpu_total * MILLI
+        self.capacity_milli = self.capacity * MILLI
+        self.on_unit: list[list[dict[str, int]]] = [[{} for _ in u] for u in self.units]  # pod -> milli
         self.held: list[dict[str, str]] = [{} for _ in self.nodes]
+        self.version = np.zeros(len(self.nodes), dtype=np.int64)  # bumped on every change of a node
         self.host_in_state = policy.scoring.fragmentation > 0
-        self.allocated = 0
+        self.allocated = 0  # units with any share taken (whole-GPU occupancy)
+        self.allocated_milli = 0  # milli taken (FGD's used GPU milli)
         self.cost_per_hour = 0.0
-        self._class_ids: dict[tuple[int, frozenset[str]], int] = {}
-        self._class_states: list[NodeState] = []
+        self._class_ids: dict[tuple, int] = {}
+        self._class_keys: list[tuple] = []
+        self._class_states: dict[tuple[int, int], NodeState] = {}
+        self._engine_states: dict[tuple, NodeState] = {}
         self._class_count: list[int] = []
         self.class_of = np.zeros(len(self.nodes), dtype=np.int64)
         for i in range(len(self.nodes)):
@@ -83,14 +108,13 @@ class Cluster:
 
     def _class(self, i: int) -> int:
         host = self._host_free(i)
-        key = (id(self.views[i]), frozenset(self.held[i]), *host)
+        free = tuple(self.milli_free[i, :len(self.units[i])].tolist())
+        key = (id(self.views[i]), free, *host)
         cid = self._class_ids.get(key)
         if cid is None:
-            cid = len(self._class_states)
+            cid = len(self._class_keys)
             self._class_ids[key] = cid
-            alloc = NodeAllocation(held=dict(self.held[i]))
-            self._class_states.append(NodeState(name=f"class-{cid}", view=self.views[i], allocation=alloc,
-                                                cpu_milli_free=host[0], memory_bytes_free=host[1]))
+            self._class_keys.append((self.views[i], self.units[i], free, dict(self.held[i]), *host))
             self._class_count.append(0)
         return cid
 
@@ -106,12 +130,28 @@ class Cluster:
             return [int(c) for c in np.unique(self.class_of[nodes_mask])]
         return [c for c, n in enumerate(self._class_count) if n > 0]
 
-    def class_state(self, cid: int) -> NodeState:
-        return self._class_states[cid]
+    def class_state(self, cid: int, milli: int = MILLI) -> NodeState:
+        """The engine's state of class ``cid`` for a pod of ``milli`` per GPU: the units with less
+        than ``milli`` free are held (for a whole-GPU pod, every unit with a share taken). Classes
+        that look the same to that pod (same view, same held units, same free CPU and memory) get
+        the same ``NodeState`` object, so a policy can filter and score it once."""
+        state = self._class_states.get((cid, milli))
+        if state is None:
+            view, units, free, names, cpu, mem = self._class_keys[cid]
+            held_ix = tuple(j for j, f in enumerate(free) if f < milli)
+            key = (id(view), held_ix, cpu, mem)
+            state = self._engine_states.get(key)
+            if state is None:
+                held = {units[j].uuid: names.get(units[j].uuid, "") for j in held_ix}
+                state = NodeState(name=f"state-{len(self._engine_states)}", view=view,
+                                  allocation=NodeAllocation(held=held), cpu_milli_free=cpu, memory_bytes_free=mem)
+                self._engine_states[key] = state
+            self._class_states[(cid, milli)] = state
+        return state
 
     @property
     def class_total(self) -> int:
-        return len(self._class_states)
+        return len(self._class_keys)
 
     # ---- masks -----------------------------------------------------------------------------------
 
@@ -135,39 +175,92 @@ class Cluster:
             self._model_masks[allowed] = m
         return m
 
+    def fits_gpus(self, pod: SimPod) -> np.ndarray:
+        """Nodes with the GPU share the pod needs free (module docstring): ``gpus`` wholly free
+        units, a unit with ``gpu_milli`` free for a sharing pod, any node for a CPU-only pod."""
+        if pod.gpus == 0:
+            return np.ones(len(self.nodes), dtype=bool)
+        if pod.sharing:
+            return self.milli_free.max(axis=1) >= pod.gpu_milli
+        return self.gpu_free >= pod.gpus
+
+    def fits_gpus_at(self, i: int, pod: SimPod) -> bool:
+        """``fits_gpus`` for node ``i`` alone."""
+        if pod.gpus == 0:
+            return True
+        if pod.sharing:
+            return bool(self.milli_free[i].max() >= pod.gpu_milli)
+        return bool(self.gpu_free[i] >= pod.gpus)
+
     def free_units(self, i: int) -> list[Unit]:
-        held = self.held[i]
-        return [u for u in self.units[i] if u.uuid not in held]
+        """Node ``i``'s wholly free units, by index."""
+        free = self.milli_free[i]
+        return [u for j, u in enumerate(self.units[i]) if free[j] == MILLI]
+
+    def best_fit_unit(self, i: int, milli: int) -> Unit:
+        """The unit of node ``i`` with the least share free that still has ``milli``, the lowest
+        index among equals: the GPU a sharing pod gets under every policy but FGD (FGD's
+        simulator, ``allocateGpuIdBasedOnBestFit`` in ``pkg/simulator/plugin/open_gpu_share.go``,
+        the default ``gpuSelMethod`` "best")."""
+        free = self.milli_free[i, :len(self.units[i])]
+        fit = np.flatnonzero(free >= milli)
+        if not len(fit):
+            raise RuntimeError(f"{self.nodes[i].name}: no unit with {milli} milli free")
+        return self.units[i][int(fit[np.argmin(free[fit])])]
+
+    def units_for(self, i: int, pod: SimPod) -> tuple[Unit, ...]:
+        """The units a pod gets on node ``i`` when the policy does not choose them: the first
+        wholly free ones by index (the device plugin; FGD's ``AllocateExclusiveGpuId``), the best
+        fitting one for a sharing pod, none for a CPU-only pod."""
+        if pod.gpus == 0:
+            return ()
+        if pod.sharing:
+            return (self.best_fit_unit(i, pod.gpu_milli),)
+        return tuple(self.free_units(i)[:pod.gpus])
 
     # ---- bookkeeping -----------------------------------------------------------------------------
 
-    def place(self, i: int, pod: SimPod, units: Sequence[Unit]) -> None:
-        """Mark ``units`` of node ``i`` as held by ``pod`` (raises if one is already held)."""
-        held = self.held[i]
+    def _take(self, i: int, pod: SimPod, units: Sequence[Unit], sign: int) -> None:
+        index = {u.uuid: j for j, u in enumerate(self.units[i])}
+        for u in units:  # check every unit before changing any
+            j = index[u.uuid]
+            if sign > 0 and self.milli_free[i, j] < pod.gpu_milli:
+                raise RuntimeError(f"{self.nodes[i].name}: {u.uuid} already held by {self.held[i][u.uuid]}")
+            if sign < 0 and pod.name not in self.on_unit[i][j]:
+                raise RuntimeError(f"{self.nodes[i].name}: {u.uuid} is not held by {pod.name}")
         for u in units:
-            if u.uuid in held:
-                raise RuntimeError(f"{self.nodes[i].name}: {u.uuid} already held by {held[u.uuid]}")
-            held[u.uuid] = pod.name
-        self.gpu_free[i] -= len(units)
-        self.cpu_free[i] -= pod.cpu_milli or 0
-        self.mem_free[i] -= pod.memory_mib or 0
-        self.allocated += len(units)
-        self.cost_per_hour += self.units_cost(units)
+            j = index[u.uuid]
+            pods = self.on_unit[i][j]
+            was_free = self.milli_free[i, j] == MILLI
+            if sign > 0:
+                pods[pod.name] = pod.gpu_milli
+            else:
+                del pods[pod.name]
+            self.milli_free[i, j] -= sign * pod.gpu_milli
+            self.allocated_milli += sign * pod.gpu_milli
+            is_free = self.milli_free[i, j] == MILLI
+            if was_free != is_free:  # the unit became occupied, or free again
+                self.gpu_free[i] += 1 if is_free else -1
+                self.allocated += -1 if is_free else 1
+                self.cost_per_hour += (-1 if is_free else 1) * self.units_cost([u])
+            if pods:
+                self.held[i][u.uuid] = ",".join(pods)
+            else:
+                self.held[i].pop(u.uuid, None)
+        self.cpu_free[i] -= sign * (pod.cpu_milli or 0)
+        self.mem_free[i] -= sign * (pod.memory_mib or 0)
+        self.version[i] += 1
         self._reclass(i)
+
+    def place(self, i: int, pod: SimPod, units: Sequence[Unit]) -> None:
+        """Give ``pod`` its ``gpu_milli`` of each of ``units`` of node ``i`` (raises if a unit has
+        less free: already held)."""
+        self._take(i, pod, units, 1)
 
     def release(self, i: int, pod: SimPod, units: Sequence[Unit]) -> None:
-        """Free the units ``pod`` held on node ``i`` (the pod was deleted)."""
-        held = self.held[i]
-        for u in units:
-            if held.get(u.uuid) != pod.name:
-                raise RuntimeError(f"{self.nodes[i].name}: {u.uuid} is not held by {pod.name}")
-            del held[u.uuid]
-        self.gpu_free[i] += len(units)
-        self.cpu_free[i] += pod.cpu_milli or 0
-        self.mem_free[i] += pod.memory_mib or 0
-        self.allocated -= len(units)
-        self.cost_per_hour -= self.units_cost(units)
-        self._reclass(i)
+        """Free what ``pod`` took of ``units`` on node ``i`` (the pod was deleted)."""
+        self._take(i, pod, units, -1)
 
     def units_cost(self, units: Sequence[Unit]) -> float:
+        """USD per hour of ``units`` (a unit with any share taken costs its whole price)."""
         return sum(self.policy.cost_per_gpu_hour(u.entry) * u.cost_fraction for u in units)

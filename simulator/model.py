@@ -100,12 +100,14 @@ class SimPod:
 
     Attributes:
         name: the trace's pod name.
-        gpus: whole GPUs requested after the sharing rule (see ``traces.openb_pods``).
+        gpus: GPUs requested (``nvidia.com/gpu``; openb ``num_gpu``); 0 for a CPU-only pod.
+        gpu_milli: thousandths of each GPU the pod takes (openb ``gpu_milli``): 1000 for whole
+            GPUs; below 1000 (with ``gpus`` = 1) a GPU-sharing pod takes that share of one GPU and
+            other sharing pods may take the rest (``cluster.Cluster``'s share model).
         annotations: the ``gpuplace.io/*`` annotations the engine reads.
         allowed_models: catalog ids a nodeSelector/affinity would allow (``gpu_spec``); None: any.
         cpu_milli, memory_mib: requests; None when the workload does not give them.
         creation_s, duration_s: arrival time and run time, seconds.
-        sharing: the trace asked for a fraction of one GPU (``gpu_milli`` < 1000).
         params: model parameters, for the static nodeSelector map; None when unknown.
         workload: ``training`` / ``finetune-lora`` / ``inference`` / None.
     """
@@ -118,14 +120,25 @@ class SimPod:
     memory_mib: int | None = None
     creation_s: float = 0.0
     duration_s: float = 3600.0
-    sharing: bool = False
     params: float | None = None
     workload: str | None = None
+    gpu_milli: int = 1000
+
+    @property
+    def sharing(self) -> bool:
+        """A GPU-sharing pod: a share of one GPU (openb ``gpu_milli`` < 1000, ``num_gpu`` = 1)."""
+        return self.gpus == 1 and self.gpu_milli < 1000
+
+    @property
+    def total_milli(self) -> int:
+        """Thousandths of a GPU the pod requests in all (FGD's ``PodResource.TotalMilliGpu``)."""
+        return self.gpus * self.gpu_milli
 
     @property
     def signature(self) -> tuple[Any, ...]:
-        """What the engine's decision depends on: pods with equal signatures get equal verdicts."""
-        return (self.gpus, tuple(sorted(self.annotations.items())))
+        """What the engine's decision depends on: pods with equal signatures get equal verdicts
+        (the share size too: a share pod is filtered against the GPUs with that share free)."""
+        return (self.gpus, self.gpu_milli, tuple(sorted(self.annotations.items())))
 
     @property
     def shape(self) -> tuple[Any, ...]:

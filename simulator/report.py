@@ -2,16 +2,22 @@
 
 JSON shape (``to_json``)::
 
-    {"policies": {NAME: {LOAD: {"allocation_ratio": mean, "stranded_gpus": mean, "placed": mean,
+    {"policies": {NAME: {LOAD: {"gpu_milli_allocation_ratio": mean (FGD's metric),
+                                "allocation_ratio": mean (whole-GPU occupancy),
+                                "stranded_gpus": mean, "placed": mean,
                                 "unplaced": mean, "oom_risk": mean or null,
                                 "premium_gpu_hours_wasted": mean, "cost_per_hour": mean, ...,
                                 "stranded_by_model": {model: mean},
                                 "stranded_by_cause": {cause: mean} (``run.STRANDED_CAUSES``),
                                 "spread": {metric: sample standard deviation over seeds}}}},
+     "curves": {NAME: {"arrived_percent": [0, 1, ...], "allocation_percent": [mean, ...],
+                       "spread": [...]}} (fill mode: FGD's allocation rate at each whole
+                       arrived percent, ``run.allocation_curve``),
      "seeds": [...], "run_seconds": {NAME: s}, "meta": {...}}
 
 ``LOAD`` keys are the load levels as given on the command line (``"1.0"``, ``"1.3"``). A metric
-that is unknown for every seed (``oom_risk`` on a trace without VRAM needs) is ``null``.
+that is unknown for every seed (``oom_risk`` on a trace without VRAM needs) is ``null``. Metrics
+are defined in ``simulator.run``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any, Sequence
 
 from simulator.run import STRANDED_CAUSES, RunResult, Snapshot
 
-METRICS = ("allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk", "premium_gpu_hours_wasted",
-           "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
+METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk",
+           "premium_gpu_hours_wasted", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
+           "allocated_gpu_milli", "arrived_ratio", "cpu_only_placed", "cpu_only_unplaced",
            "queue_delay_hours_mean", "queue_delay_hours_max")
 
 
@@ -55,10 +62,20 @@ def aggregate(snaps: Sequence[Snapshot]) -> dict[str, Any]:
     return out
 
 
+def aggregate_curves(curves: Sequence[dict[int, float]]) -> dict[str, list]:
+    """Per whole arrived percent that every seed reached: the mean allocation rate (percent) over
+    seeds and its spread (sample standard deviation; 0 for one seed)."""
+    xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    vals = [[c[x] for c in curves] for x in xs]
+    return {"arrived_percent": xs, "allocation_percent": [statistics.fmean(v) for v in vals],
+            "spread": [statistics.stdev(v) if len(v) > 1 else 0.0 for v in vals]}
+
+
 def to_json(result: RunResult) -> dict[str, Any]:
     return {
         "policies": {name: {load_key(l): aggregate(snaps) for l, snaps in by_load.items()}
                      for name, by_load in result.snapshots.items()},
+        "curves": {name: aggregate_curves(curves) for name, curves in result.curves.items()},
         "seeds": result.seeds,
         "run_seconds": {k: round(v, 3) for k, v in result.seconds.items()},
         "per_seed": {name: {load_key(l): [asdict(s) for s in snaps] for l, snaps in by_load.items()}
@@ -82,18 +99,22 @@ def _fmt(value: float | None, spread: float | None, fmt: str, pct: bool = False)
 
 
 def render_table(result: RunResult) -> str:
-    """One row per policy and load: means over seeds, ± the spread where seeds differ."""
+    """One row per policy and load: means over seeds, ± the spread where seeds differ.
+    ``milli-alloc`` is FGD's allocation rate (``gpu_milli_allocation_ratio``), ``occupied`` the
+    whole-GPU occupancy (``allocation_ratio``)."""
     doc = to_json(result)
     mode = result.meta.get("mode", "fill")
-    cols = ["policy", "load", "alloc", "stranded", "placed", "unplaced", "sharing p/u", "OOM risk",
-            "premium GPU-h wasted", "$/h"]
+    cols = ["policy", "load", "milli-alloc", "occupied", "stranded", "placed", "unplaced", "sharing p/u",
+            "OOM risk", "premium GPU-h wasted", "$/h"]
     if mode == "replay":
         cols.append("queue h (mean)")
     rows = []
     for name, by_load in doc["policies"].items():
         for load, a in by_load.items():
             sp = a["spread"]
-            row = [name, load, _fmt(a["allocation_ratio"], sp["allocation_ratio"], ".2f", pct=True),
+            row = [name, load,
+                   _fmt(a["gpu_milli_allocation_ratio"], sp["gpu_milli_allocation_ratio"], ".2f", pct=True),
+                   _fmt(a["allocation_ratio"], sp["allocation_ratio"], ".2f", pct=True),
                    _fmt(a["stranded_gpus"], sp["stranded_gpus"], ".0f"), _fmt(a["placed"], sp["placed"], ".0f"),
                    _fmt(a["unplaced"], sp["unplaced"], ".0f"),
                    f"{a['sharing_placed']:.0f}/{a['sharing_unplaced']:.0f}",
@@ -109,14 +130,19 @@ def render_table(result: RunResult) -> str:
     out += [line(r) for r in rows]
     secs = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
     out.append("")
+    out.append("milli-alloc: FGD's GPU allocation rate, milli-GPUs of the placed pods / (GPUs x 1000)"
+               + (", mean over the pods whose arrived share rounds to the load" if mode != "replay" else "")
+               + "; occupied: GPUs with any share taken / GPUs")
     out.append(f"seeds {', '.join(map(str, result.seeds))}; run time per policy: {secs}; "
                f"total {sum(result.seconds.values()):.1f} s")
     return "\n".join(out)
 
 
 def write_charts(result: RunResult, directory: str | Path) -> list[Path]:
-    """``allocation_ratio.png`` (allocation ratio vs load, error bars = spread) and
-    ``stranded_by_model.png`` (stranded GPUs by model at the highest load).
+    """``gpu_milli_allocation.png`` (FGD's allocation rate against the arrived share of the
+    fleet, every whole percent up to the highest load, as the paper's Fig. 9(a) draws it, in fill
+    mode; against the load in replay mode), ``allocation_ratio.png`` (whole-GPU occupancy vs load,
+    error bars = spread) and ``stranded_by_model.png`` (stranded GPUs by model at the highest load).
 
     Raises:
         RuntimeError: matplotlib is not installed (``pip install 'gpuplace[sim]'``).
@@ -135,15 +161,33 @@ def write_charts(result: RunResult, directory: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, by_load in doc["policies"].items():
+        curve = doc["curves"].get(name)
+        width = 2.2 if name == "gpuplace" else 1.2
+        if curve and curve["arrived_percent"]:
+            ax.plot(curve["arrived_percent"], curve["allocation_percent"], label=name, linewidth=width)
+        else:
+            loads = [l for l in by_load if by_load[l]["gpu_milli_allocation_ratio"] is not None]
+            ax.errorbar([float(l) * 100 for l in loads], [by_load[l]["gpu_milli_allocation_ratio"] * 100 for l in loads],
+                        yerr=[(by_load[l]["spread"]["gpu_milli_allocation_ratio"] or 0) * 100 for l in loads],
+                        marker="o", capsize=3, label=name, linewidth=width)
+    replay = result.meta.get("mode") == "replay"
+    ax.set_xlabel("load: arrival rate x" if replay else "arrived workloads: GPU demand arrived, % of the fleet's GPUs")
+    ax.set_ylabel("GPU allocation rate (milli-GPUs), %")
+    ax.set_title(f"GPU allocation rate (FGD's metric) {title}".strip())
+    ax.grid(alpha=0.3)
+    paths.append(_save(plt, fig, ax, d / "gpu_milli_allocation.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, by_load in doc["policies"].items():
         loads = list(by_load)
         xs = [float(l) * 100 for l in loads]
         ys = [by_load[l]["allocation_ratio"] * 100 for l in loads]
         es = [(by_load[l]["spread"]["allocation_ratio"] or 0) * 100 for l in loads]
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name, linewidth=2.2 if name == "gpuplace" else 1.2)
-    ax.set_xlabel("load: GPUs requested, % of the fleet's GPUs" if result.meta.get("mode") != "replay"
+    ax.set_xlabel("load: GPU demand arrived, % of the fleet's GPUs" if result.meta.get("mode") != "replay"
                   else "load: arrival rate x")
-    ax.set_ylabel("GPU allocation ratio, %")
-    ax.set_title(f"GPU allocation ratio vs load {title}".strip())
+    ax.set_ylabel("GPUs occupied (any share taken), %")
+    ax.set_title(f"Whole-GPU occupancy vs load {title}".strip())
     ax.grid(alpha=0.3)
     paths.append(_save(plt, fig, ax, d / "allocation_ratio.png"))
 

@@ -10,11 +10,14 @@ GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23):
 - pod list ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...``:
   * ``gpu_spec`` (``V100M16|V100M32``) becomes the allowed models: ``gpuplace.io/gpu-models`` for
     gpuplace, a node-affinity on the GPU model for the baselines;
-  * GPU-sharing pods (``gpu_milli`` < 1000, always ``num_gpu`` = 1 in the trace) get one whole GPU:
-    gpuplace and the NVIDIA device plugin hand out whole devices (no fractional ``nvidia.com/gpu``),
-    so this is what such a pod costs a cluster without a sharing layer. They are flagged
-    ``sharing`` and counted separately in the report;
-  * pods with ``num_gpu`` = 0 are CPU-only: skipped (counted as ``skipped_cpu_only``);
+  * ``gpu_milli`` becomes ``SimPod.gpu_milli``: a GPU-sharing pod (``gpu_milli`` < 1000, always
+    ``num_gpu`` = 1 in the trace) takes that share of one GPU, and other sharing pods may share the
+    rest of it, as in FGD's simulator (its ``gpu-milli`` annotation, written by the authors'
+    ``data/pod_csv_to_yaml.py``: values outside 1-1000 are clamped, none occurs in openb). Every
+    policy places them under the same share model (``cluster.Cluster``); the report counts them
+    separately (``sharing``);
+  * pods with ``num_gpu`` = 0 are CPU-only: kept with ``cpu_only`` (``gpuplace simulate`` keeps
+    them, as FGD does: they arrive with no GPU demand and take CPU and memory), else skipped;
   * duration = ``deletion_time`` - (``scheduled_time`` or, for pods never scheduled,
     ``creation_time``), at least 1 s.
 
@@ -165,18 +168,23 @@ def _spec_models(spec: str, catalog: Catalog) -> frozenset[str] | None:
     return frozenset(resolve_model(t.strip(), catalog).id for t in tokens)
 
 
-def openb_pods(path: str | Path, catalog: Catalog) -> tuple[list[SimPod], int]:
-    """GPU pods of an openb pod list in trace order, and how many CPU-only pods were skipped."""
+def openb_pods(path: str | Path, catalog: Catalog, *, cpu_only: bool = False) -> tuple[list[SimPod], int]:
+    """Pods of an openb pod list in trace order, and how many CPU-only pods were skipped.
+
+    ``cpu_only``: keep the CPU-only pods (``gpus`` = 0, ``gpu_milli`` = 0, no model constraint),
+    as FGD's simulator does: they arrive with no GPU demand and take CPU and memory on the GPU
+    nodes (its node list has only those), so they weigh on where GPU pods fit.
+    """
     pods: list[SimPod] = []
     skipped = 0
     for i, row in enumerate(_rows(path, OPENB_POD_COLUMNS), start=2):
         num_gpu = _int(row, "num_gpu", path, i)
-        if num_gpu == 0:
+        if num_gpu == 0 and not cpu_only:
             skipped += 1
             continue
-        milli = _int(row, "gpu_milli", path, i)
+        milli = min(1000, max(0, _int(row, "gpu_milli", path, i))) if num_gpu else 0
         try:
-            allowed = _spec_models(row.get("gpu_spec") or "", catalog)
+            allowed = _spec_models(row.get("gpu_spec") or "", catalog) if num_gpu else None
         except ValueError as e:
             raise TraceError(f"{path}:{i}: column gpu_spec: {e}") from None
         created = float(row.get("creation_time") or 0)
@@ -185,7 +193,7 @@ def openb_pods(path: str | Path, catalog: Catalog) -> tuple[list[SimPod], int]:
         pods.append(SimPod(
             name=row["name"], gpus=num_gpu, annotations=models_annotation(allowed), allowed_models=allowed,
             cpu_milli=_int(row, "cpu_milli", path, i), memory_mib=_int(row, "memory_mib", path, i),
-            creation_s=created, duration_s=max(1.0, deleted - started), sharing=milli < 1000,
+            creation_s=created, duration_s=max(1.0, deleted - started), gpu_milli=milli,
         ))
     return pods, skipped
 

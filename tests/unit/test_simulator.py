@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from scheduler_extender.core.engine import Engine
@@ -14,8 +15,10 @@ from scheduler_extender.core.workload import WorkloadTracker
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
+from simulator.fgd import FgdPolicy, TypicalPod, typical_pods
 from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import fill_stream, replay_time_scale, run_fill, run_replay, simulate, stranded_causes
+from simulator.run import (allocation_curve, fgd_arrivals, replay_time_scale, run_fill, run_replay, simulate,
+                           stranded_causes)
 from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
 from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
@@ -41,13 +44,17 @@ def test_openb_nodes_map_models_to_catalog_rows_and_g2_to_its_stand_in():
     assert "stand-in" in CAT.entries["openb-g2"].sources[0]
 
 
-def test_openb_pods_round_sharing_pods_up_to_one_gpu_and_skip_cpu_only_pods():
+def test_openb_sharing_pods_keep_their_share_of_one_gpu_and_cpu_only_pods_are_skipped():
+    # Issue 17, item 2: a gpu_milli < 1000 pod takes that share of one GPU (it was rounded up to a
+    # whole GPU before); the engine still sees nvidia.com/gpu 1.
     pods, skipped = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
     assert skipped == 1
     p1 = next(p for p in pods if p.name == "openb-pod-0001")  # gpu_milli 460
-    assert p1.gpus == 1 and p1.sharing and p1.cpu_milli == 6000 and p1.memory_mib == 12288
+    assert (p1.gpus, p1.gpu_milli, p1.total_milli) == (1, 460, 460) and p1.sharing
+    assert p1.cpu_milli == 6000 and p1.memory_mib == 12288
+    assert p1.manifest()["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
     p0 = next(p for p in pods if p.name == "openb-pod-0000")  # a whole GPU, created 0, deleted 12537496
-    assert not p0.sharing and p0.duration_s == 12537496
+    assert not p0.sharing and p0.gpu_milli == 1000 and p0.duration_s == 12537496
 
 
 def test_openb_gpu_spec_becomes_the_allowed_models_for_gpuplace_and_the_baselines():
@@ -107,16 +114,57 @@ def test_placing_marks_units_held_and_a_unit_is_never_given_twice():
     assert c.held[0] == {} and c.gpu_free[0] == 2 and c.allocated == 0
 
 
-def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
+def half(name, gpu_milli=500):
+    return SimPod(name, 1, cpu_milli=1000, memory_mib=1024, gpu_milli=gpu_milli)
+
+
+@pytest.mark.parametrize("policy", ["gpuplace", *BASELINES])
+def test_two_500_milli_pods_share_one_gpu_under_every_policy(policy):
+    pol = next(p for p in make_policies(ENGINE, list(BASELINES), target=[half("t")]) if p.name == policy)
+    c = Cluster([node("n", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
+    rng = random.Random(0)
+    for name in ("a", "b"):
+        i, units = pol.choose(half(name), c, rng)
+        c.place(i, half(name), units)
+    assert c.held[0] == {c.units[0][0].uuid: "a,b"}  # both on GPU 0, GPU 1 untouched
+    assert (c.allocated, c.allocated_milli, int(c.gpu_free[0])) == (1, 1000, 1)
+    # GPU 0 is full: a third share goes to GPU 1, after which no GPU is wholly free
+    i, units = pol.choose(half("c", 300), c, rng)
+    assert units == (c.units[0][1],)
+    c.place(i, half("c", 300), units)
+    assert not pol.feasible(SimPod("whole", 1, cpu_milli=1000, memory_mib=1024), c).any()
+    assert pol.feasible(half("d", 700), c).all() and not pol.feasible(half("e", 800), c).any()
+
+
+def test_a_whole_gpu_pod_is_refused_a_gpu_that_holds_a_share_and_a_share_is_released_alone():
+    c = Cluster([node("n", "t4", 1, 8000, 1000)], CAT, ENGINE.policy)
+    gpu = c.units[0][0]
+    c.place(0, half("a"), [gpu])
+    with pytest.raises(RuntimeError, match="already held by a"):
+        c.place(0, SimPod("whole", 1), [gpu])
+    c.place(0, half("b"), [gpu])
+    c.release(0, half("a"), [gpu])
+    assert c.held[0] == {gpu.uuid: "b"} and c.allocated == 1 and c.allocated_milli == 500
+    c.release(0, half("b"), [gpu])
+    assert c.held[0] == {} and c.allocated == 0 and c.gpu_free[0] == 1 and c.cost_per_hour == pytest.approx(0)
+
+
+def fixture_trace(cpu_only=True):
     nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
-    for pol in make_policies(ENGINE, list(BASELINES)):
-        snaps = run_fill(nodes, fill_stream(pods, 0), pol, ENGINE, [0.5, 1.0], 0)
-        capacity = sum(len(n.inventory.gpus) for n in nodes)
+    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT, cpu_only=cpu_only)
+    return nodes, pods, sum(len(n.inventory.gpus) for n in nodes)
+
+
+def test_fill_counts_every_gpu_once_and_stops_at_the_highest_load():
+    nodes, pods, capacity = fixture_trace()
+    for pol in make_policies(ENGINE, list(BASELINES), target=pods):
+        snaps = run_fill(nodes, fgd_arrivals(pods, 0, 1.0, capacity * 1000), pol, ENGINE, [0.5, 1.0], 0)
         for s in snaps.values():
-            assert s.allocated_gpus <= capacity
+            assert s.allocated_gpus <= capacity and s.allocated_gpu_milli <= capacity * 1000
             assert s.allocation_ratio == pytest.approx(s.allocated_gpus / capacity)
         assert snaps[1.0].placed + snaps[1.0].unplaced >= snaps[0.5].placed + snaps[0.5].unplaced
+        assert snaps[0.5].arrived_ratio >= 0.5 and snaps[1.0].arrived_ratio >= 1.0  # the tuned list reaches 1.0
+        assert max(snaps.curve) <= 100
 
 
 def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
@@ -138,6 +186,82 @@ def test_gpuplace_never_places_a_pod_on_a_gpu_model_its_gpu_spec_excludes():
         placed += 1
     assert placed > 30
     assert cluster.allocated == sum(len(h) for h in cluster.held)
+
+
+def test_fgd_allocation_rate_on_a_hand_made_trace_is_the_mean_over_the_pods_whose_arrived_share_rounds_to_the_load():
+    # One node, 2 GPUs = 2,000 milli. The list arrives as given (spread; best-fitting GPU for shares):
+    #   a: 300 milli -> GPU 0        arrived   300 ( 15.00 %)  used   300 ( 15.00 %)
+    #   b: 1 whole GPU -> GPU 1      arrived 1,300 ( 65.00 %)  used 1,300 ( 65.00 %)  <- snapshot 0.65
+    #   c: 690 milli -> GPU 0        arrived 1,990 ( 99.50 %, rounds half to even: 100)  used 1,990 (99.50 %)
+    #   d:   5 milli -> GPU 0        arrived 1,995 ( 99.75 %, rounds to 100)  used 1,995 ( 99.75 %)
+    #   e: 1 whole GPU: none free    arrived 2,995 (149.75 %, 150)  used 1,995          <- snapshot 1.0
+    # FGD at 100 %: mean(99.50, 99.75) = 99.625, rounded to 0.01 half to even = 99.62 %; at 65 %: 65.00 %.
+    # Whole-GPU occupancy is 2 of 2 GPUs at both snapshots; at 99 % FGD reads the events within one
+    # point (99.62 %); no event lies within a point of 50 %, so there is no value there.
+    c = [node("n", "t4", 2, 64000, 262144)]
+    pods = [half("a", 300), SimPod("b", 1, cpu_milli=1000, memory_mib=1024), half("c", 690), half("d", 5),
+            SimPod("e", 1, cpu_milli=1000, memory_mib=1024)]
+    snaps = run_fill(c, pods, KubeBaseline("spread", CAT), ENGINE, [0.65, 1.0], seed=0)
+    assert snaps[0.65].gpu_milli_allocation_ratio == pytest.approx(0.65)
+    assert snaps[1.0].gpu_milli_allocation_ratio == pytest.approx(0.9962)
+    assert snaps[0.65].allocation_ratio == snaps[1.0].allocation_ratio == 1.0
+    assert (snaps[1.0].placed, snaps[1.0].unplaced, snaps[1.0].sharing_placed) == (4, 1, 3)
+    assert snaps[1.0].allocated_gpu_milli == 1995 and snaps[1.0].arrived_ratio == pytest.approx(1.4975)
+    assert snaps.curve[0] == 0 and snaps.curve[15] == 15.0 and snaps.curve[99] == 99.62 and 50 not in snaps.curve
+    # the same reading straight from (arrived, used) pairs
+    assert allocation_curve([0, 1990, 1995], [0, 1990, 1995], 2, 100)[100] == 99.62
+
+
+def test_fgd_arrivals_shuffle_by_seed_and_tune_the_list_to_the_load():
+    pods = [SimPod(f"p{i}", 1, gpu_milli=500) for i in range(10)] + [SimPod("cpu", 0, gpu_milli=0)]
+    a = fgd_arrivals(pods, 1, 1.0, 4000)  # 5,500 milli asked, 4,000 wanted: random pods removed
+    assert a == fgd_arrivals(list(reversed(pods)), 1, 1.0, 4000)  # name order, then the seed's shuffle
+    assert sum(p.total_milli for p in a) <= 4000 and {p.name for p in a} <= {p.name for p in pods}
+    assert [p.name for p in a] != sorted(p.name for p in a) or a != fgd_arrivals(pods, 2, 1.0, 4000)
+    up = fgd_arrivals(pods, 1, 2.0, 4000)  # 5,500 asked, 8,000 wanted: copies appended
+    assert [p.name for p in up[:11]] == [p.name for p in fgd_arrivals(pods, 1, 3.0, 4000)[:11]]
+    assert all("-tuned-" in p.name for p in up[11:]) and 7500 <= sum(p.total_milli for p in up) <= 8000
+    # FGD's stop test compares the per-GPU share (simulator.go:1130): an 8-GPU copy may pass the target
+    big = fgd_arrivals([SimPod("eight", 8)], 0, 1.0, 9000)
+    assert [p.total_milli for p in big] == [8000, 8000]
+
+
+def test_all_policies_see_the_same_arrivals_for_a_seed():
+    nodes, pods, capacity = fixture_trace()
+    asked: dict[str, list[str]] = {}
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+            asked[self.name] = []
+
+        def choose(self, pod, cluster, rng):
+            asked[self.name].append(pod.name)
+            return self.inner.choose(pod, cluster, rng)
+
+        def feasible(self, pod, cluster):
+            return self.inner.feasible(pod, cluster)
+
+        def reset(self):
+            getattr(self.inner, "reset", lambda: None)()
+
+    policies = [Recording(p) for p in make_policies(ENGINE, list(BASELINES), target=pods)]
+    simulate(nodes, policies, ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[5],
+             pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
+    first = asked["gpuplace"]
+    assert len(first) > len(pods) and all(names == first for names in asked.values()), asked.keys()
+
+
+def test_openb_cpu_only_pods_arrive_without_gpu_demand_and_take_host_resources():
+    nodes, pods, capacity = fixture_trace(cpu_only=True)
+    cpu = [p for p in pods if p.gpus == 0]
+    assert len(cpu) == 1 and cpu[0].total_milli == 0 and cpu[0].allowed_models is None and not cpu[0].sharing
+    c = Cluster(nodes, CAT, ENGINE.policy)
+    for pol in make_policies(ENGINE, list(BASELINES), target=pods):
+        i, units = pol.choose(cpu[0], c, random.Random(0))
+        assert units == ()
+    c.place(i, cpu[0], ())
+    assert c.cpu_free[i] == c.cpu_cap[i] - cpu[0].cpu_milli and c.allocated == c.allocated_milli == 0
 
 
 def natural_load(pods, capacity):
@@ -168,12 +292,11 @@ def test_replay_pods_leave_and_queued_pods_start_when_gpus_free_up():
 
 
 def test_the_same_seed_gives_the_same_numbers():
-    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    nodes, pods, capacity = fixture_trace()
 
     def once():
         r = simulate(nodes, make_policies(ENGINE, ["random", "spread"]), ENGINE, mode="fill", loads=[1.0, 1.3],
-                     seeds=[3, 4], pods_for_seed=lambda s, l: fill_stream(pods, s))
+                     seeds=[3, 4], pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
         d = report.to_json(r)
         d.pop("run_seconds")
         return d
@@ -258,14 +381,115 @@ def test_static_map_pins_a_70b_model_to_premium_gpus_and_a_3b_model_to_small_one
     assert static.selector(SimPod("unknown", 1)) is None
 
 
+# ---- FGD ----------------------------------------------------------------------------------------
+
+def typical(*rows):
+    """TypicalPod rows (CPU millicores, milli per GPU, GPUs, share in percent), any GPU model."""
+    return [TypicalPod(cpu, milli, gpus, None, pct / 100) for cpu, milli, gpus, pct in rows]
+
+
+def fragmentation_of(pol, model_id, free_milli, cpu_free):
+    c = Cluster([node("n", model_id, len(free_milli), 64000, 262144)], CAT, ENGINE.policy)
+    pol.bind(c)
+    return float(pol.fragmentation(np.array([free_milli]), np.array([float(cpu_free)]), np.array([0]))[0])
+
+
+# The authors' unit test TestNodeGpuShareFragAmountWithNonGpu (pkg/utils/frag_test.go), its target
+# workload with CPU-only pods (milli 0) and its expected fragmentation of three 8 x P100 nodes.
+AUTHORS_TYPICAL = typical(
+    (15700, 1000, 1, 28.69), (11900, 1000, 1, 18.93), (11400, 1000, 1, 12.27), (1000, 0, 0, 7.36),
+    (18710, 1000, 1, 4.85), (8200, 1000, 1, 3.79), (16400, 1000, 1, 3.31), (9810, 1000, 1, 1.97),
+    (15200, 1000, 1, 1.87), (11200, 1000, 1, 1.81), (14200, 1000, 1, 1.76), (12000, 0, 0, 1.65),
+    (14900, 1000, 1, 1.39), (60200, 1000, 4, 1.23), (64200, 1000, 8, 1.07), (32200, 1000, 4, 1.01),
+    (17400, 1000, 2, 0.91), (30200, 1000, 2, 0.69), (16000, 1000, 1, 0.64), (15000, 1000, 1, 0.59),
+    (64000, 1000, 8, 0.53), (15000, 0, 0, 0.53), (11910, 1000, 1, 0.53), (120200, 1000, 8, 0.48),
+    (11300, 1000, 1, 0.37), (30000, 1000, 2, 0.32), (9800, 1000, 1, 0.32), (8000, 1000, 1, 0.32),
+    (2000, 1000, 1, 0.27), (2000, 80, 1, 0.27), (1000, 1000, 1, 0.27))
+
+
+@pytest.mark.parametrize("free_milli, cpu_free, expected", [
+    ([1000] * 8, 64000, 887.20),               # empty: the CPU-only pods' share of the idle GPUs, and the 8-GPU pods that need more CPU
+    ([1000] * 4 + [0] * 4, 32000, 554.40),     # half used
+    ([1000] * 4 + [0] * 4, 0, 4000.0),         # no CPU left: every idle GPU is fragment
+])
+def test_fgd_fragmentation_matches_the_authors_unit_test(free_milli, cpu_free, expected):
+    pol = FgdPolicy([], typical=AUTHORS_TYPICAL)
+    assert fragmentation_of(pol, "p100-pcie-16gb", free_milli, cpu_free) == pytest.approx(expected, abs=0.01)
+
+
+def test_fgd_fragmentation_counts_every_idle_gpu_of_a_node_short_of_cpu():
+    # frag_test.go's last case: one typical pod (6 cores, 465 milli, 9.33 %), a node with 1 core
+    # and 200 + 1000 + 1000 + 500 milli free: it lacks CPU, so all 2,700 milli are fragment.
+    pol = FgdPolicy([], typical=typical((6000, 465, 1, 9.33)))
+    assert fragmentation_of(pol, "t4", [200, 1000, 1000, 500], 1000) == pytest.approx(0.0933 * 2700)
+    # with the CPU it can host the pod: only the 200-milli GPU, too small for 465, is fragment
+    assert fragmentation_of(pol, "t4", [200, 1000, 1000, 500], 8000) == pytest.approx(0.0933 * 200)
+
+
+def test_fgd_puts_a_half_gpu_pod_where_it_fills_a_half_used_gpu_not_where_it_breaks_a_free_one():
+    # Worked by hand from the paper's measure. Target workload: half the pods ask 500 milli, half a
+    # whole GPU. Node "half" has one GPU with 500 free, node "free" one GPU with 1000 free.
+    #   F(half) = 0.5 x 500 (a whole-GPU pod cannot use the 500 left) = 250; after the pod: 0.
+    #   F(free) = 0; after the pod: 250.
+    # Scores int(sigmoid(dF / 1000) x 100): half 56 (dF +250), free 43 (dF -250): FGD takes "half".
+    target = [half(f"h{i}") for i in range(5)] + [SimPod(f"w{i}", 1, cpu_milli=1000, memory_mib=1024) for i in range(5)]
+    pol = FgdPolicy(target)
+    assert [(t.gpu_milli, t.share) for t in pol.typical] == [(1000, 0.5), (500, 0.5)]
+    c = Cluster([node("half", "t4", 1, 64000, 262144), node("free", "t4", 1, 64000, 262144)], CAT, ENGINE.policy)
+    c.place(0, half("old"), c.units[0])
+    pol.bind(c)
+    scores, _ = pol._score(half("new"), c, np.array([0, 1]))
+    assert scores.tolist() == [56, 43]
+    for seed in range(5):
+        assert pol.choose(half("new"), c, random.Random(seed)) == (0, (c.units[0][0],))
+    # Within a node: GPUs free (1000, 500); the pod goes on GPU 1, which it fills (F 250 -> 0),
+    # not on GPU 0 (F 250 -> 500: then no GPU is left for a whole-GPU pod).
+    c2 = Cluster([node("two", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
+    c2.place(0, half("old"), [c2.units[0][1]])
+    assert pol.choose(half("new"), c2, random.Random(0)) == (0, (c2.units[0][1],))
+    # the spread baseline, by contrast, takes the emptier node
+    assert KubeBaseline("spread", CAT).choose(half("new"), c, random.Random(0))[0] == 1
+
+
+def test_fgd_breaks_ties_as_the_authors_scheduler_does_always_toward_the_first_node_of_a_seeded_order():
+    # Their patched selectHost takes the smallest node name among equal scores, names prefixed by a
+    # seeded permutation: equal nodes fill one at a time. kube-scheduler (spread) picks at random.
+    nodes = [node(f"n{i}", "t4", 4, 64000, 262144) for i in range(6)]
+    pods = [SimPod(f"p{i}", 1, cpu_milli=1000, memory_mib=1024) for i in range(3)]
+    seen = set()
+    for seed in range(4):
+        c = Cluster(nodes, CAT, ENGINE.policy)
+        pol, rng = FgdPolicy(pods), random.Random(seed)
+        picks = []
+        for p in pods:
+            i, units = pol.choose(p, c, rng)
+            c.place(i, p, units)
+            picks.append(i)
+        assert len(set(picks)) == 1  # the first pod's node keeps winning the ties
+        seen.add(picks[0])
+    assert len(seen) > 1  # which node that is depends on the seed
+
+
+def test_fgd_target_workload_is_the_most_frequent_specs_up_to_95_percent_of_the_pods():
+    pods = ([SimPod(f"a{i}", 1, cpu_milli=1000) for i in range(10)] + [half(f"b{i}") for i in range(6)]
+            + [SimPod(f"c{i}", 0, cpu_milli=2000, gpu_milli=0) for i in range(3)] + [SimPod("d", 8, cpu_milli=9000)])
+    t = typical_pods(pods)  # 95 % of 20 pods = 19: specs of 10, 6 and 3 pods; the 8-GPU pod is left out
+    assert [(x.gpus, x.gpu_milli, x.share) for x in t] == [(1, 1000, 10 / 19), (1, 500, 6 / 19), (0, 0, 3 / 19)]
+
+
 def test_unknown_baseline_is_refused_with_the_accepted_names():
     with pytest.raises(ValueError, match="random, spread, bestfit, static"):
+        KubeBaseline("tetris", CAT)
+    with pytest.raises(ValueError, match="FgdPolicy"):  # fgd is a baseline, but not a kube-scheduler one
         KubeBaseline("fgd", CAT)
+    with pytest.raises(ValueError, match="target workload"):
+        make_policies(ENGINE, ["fgd"])
 
 
 def test_on_the_llm_mix_gpuplace_has_no_oom_risk_and_wastes_fewer_premium_gpu_hours_than_every_baseline():
     fleet = mixed_fleet(CAT)
-    r = simulate(fleet, make_policies(ENGINE, list(BASELINES)), ENGINE, mode="fill", loads=[1.0],
+    target = [p for p, _ in zip(llm_pods(0), range(2000))]
+    r = simulate(fleet, make_policies(ENGINE, list(BASELINES), target=target), ENGINE, mode="fill", loads=[1.0],
                  seeds=[0, 1], pods_for_seed=lambda s, l: llm_pods(s))
     doc = report.to_json(r)["policies"]
     assert doc["gpuplace"]["1.0"]["oom_risk"] == 0
@@ -277,10 +501,9 @@ def test_on_the_llm_mix_gpuplace_has_no_oom_risk_and_wastes_fewer_premium_gpu_ho
 # ---- report -----------------------------------------------------------------------------------
 
 def test_json_report_has_the_documented_shape(tmp_path):
-    nodes = openb_nodes(FIX / "openb_node_list_gpu_node.csv", CAT)
-    pods, _ = openb_pods(FIX / "openb_pod_list_gpuspec33.csv", CAT)
+    nodes, pods, capacity = fixture_trace()
     r = simulate(nodes, make_policies(ENGINE, ["random"]), ENGINE, mode="fill", loads=[1.0, 1.3], seeds=[0],
-                 pods_for_seed=lambda s, l: fill_stream(pods, s))
+                 pods_for_seed=lambda s, l: fgd_arrivals(pods, s, l, capacity * 1000))
     path = tmp_path / "r.json"
     report.write_json(r, path)
     doc = json.loads(path.read_text())
@@ -302,9 +525,13 @@ def test_simulate_command_prints_the_table_and_writes_json_and_charts(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:4] == ["policy", "load", "alloc", "stranded"]
+    # Issue 17, item 1: FGD's milli-GPU allocation rate next to the whole-GPU occupancy
+    assert lines[0].split()[:5] == ["policy", "load", "milli-alloc", "occupied", "stranded"]
     assert sum(1 for line in lines if line.startswith(("gpuplace", "spread", "bestfit"))) == 6
     assert (tmp_path / "charts" / "allocation_ratio.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "charts" / "gpu_milli_allocation.png").read_bytes()[:4] == b"\x89PNG"
+    curves = json.loads((tmp_path / "r.json").read_text())["curves"]
+    assert curves["gpuplace"]["arrived_percent"][:3] == [0, 1, 2] and len(curves["spread"]["spread"]) > 50
     assert (tmp_path / "charts" / "stranded_by_model.png").stat().st_size > 1000
 
 
