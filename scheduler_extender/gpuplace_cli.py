@@ -57,14 +57,16 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
     if policy is not None:
         lines.append("PASS: can run now, score 0-10 = 10 x weighted mean of the components shown as value x weight;")
         lines.append("FAIL: never on this node (reasons); BUSY: would fit once GPUs are freed.")
+        if any(sc.last_resort for sc in decision.scores.values() if sc is not None):
+            lines.append(f"-> 0: last resort: a model class {decision.job.size_class.name} keeps for when no other "
+                         "node passes (lastResortModels).")
     for r in ranked:
         if r.passed:
             s = decision.scores.get(r.node)
             comps = " ".join(f"{k}={v:.2f}" + (f"x{weights[k]:g}" if k in weights else "")
                              for k, v in (s.components.items() if s else []))
             units = ", ".join(f"{u.model}{' ' + u.mig_profile if u.mig_profile else ''} #{u.gpu_index}" for u in r.chosen)
-            last = (f"  -> 0: last resort (class {decision.job.size_class.name} lastResortModels) while other nodes pass"
-                    if s is not None and s.last_resort else "")
+            last = "  -> 0: last resort" if s is not None and s.last_resort else ""
             lines.append(f"PASS {r.node:<{width}}  score {s.score if s else 0:>2}  ${s.cost_per_hour if s else 0:.2f}/h  "
                          f"[{units}]  {comps}{last}")
         else:

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from simulator.run import STRANDED_CAUSES, RunResult, Snapshot
 
 METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk",
-           "premium_gpu_hours_wasted", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
+           "premium_gpu_hours_wasted", "premium_gpu_hours_fit_cheaper", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
            "allocated_gpu_milli", "arrived_ratio", "cpu_only_placed", "cpu_only_unplaced",
            "queue_delay_hours_mean", "queue_delay_hours_max")
 
@@ -105,7 +105,7 @@ def render_table(result: RunResult) -> str:
     doc = to_json(result)
     mode = result.meta.get("mode", "fill")
     cols = ["policy", "load", "milli-alloc", "occupied", "stranded", "placed", "unplaced", "sharing p/u",
-            "OOM risk", "premium GPU-h wasted", "$/h"]
+            "OOM risk", "premium GPU-h wasted", "premium GPU-h (cheaper model fits)", "$/h"]
     if mode == "replay":
         cols.append("queue h (mean)")
     rows = []
@@ -120,6 +120,7 @@ def render_table(result: RunResult) -> str:
                    f"{a['sharing_placed']:.0f}/{a['sharing_unplaced']:.0f}",
                    _fmt(a["oom_risk"], sp["oom_risk"], ".0f"),
                    _fmt(a["premium_gpu_hours_wasted"], sp["premium_gpu_hours_wasted"], ".0f"),
+                   _fmt(a["premium_gpu_hours_fit_cheaper"], sp["premium_gpu_hours_fit_cheaper"], ".0f"),
                    _fmt(a["cost_per_hour"], sp["cost_per_hour"], ".0f")]
             if mode == "replay":
                 row.append(_fmt(a["queue_delay_hours_mean"], sp["queue_delay_hours_mean"], ".2f"))

@@ -41,9 +41,13 @@ Metrics per run and load (``Snapshot``):
 - ``oom_risk``: placed pods whose GPUs have less VRAM than gpuplace's estimate of their need
   (None when no placed pod's need is known, e.g. the openb trace);
 - ``premium_gpu_hours_wasted``: GPU-hours of premium-tier GPUs (policy ``tier``) given to pods
-  that fit a non-premium GPU of the fleet allowed by their own constraint (VRAM need met, or
-  unknown, and a node of that model with enough GPUs), at the pods' trace durations (a share of
-  a GPU counts its share);
+  while a non-premium GPU that the pod's filter passes was free (``Judge.cheaper_free``, asked at
+  the moment of the placement), at the pods' trace durations (a share of a GPU counts its share):
+  premium capacity spent where a cheaper GPU was there to take;
+- ``premium_gpu_hours_fit_cheaper``: GPU-hours of premium-tier GPUs given to pods that fit a
+  non-premium GPU *model* of the fleet allowed by their own constraint (VRAM need met, or
+  unknown, and a node of that model with enough GPUs), free or not: includes the premium GPUs a
+  pod takes as a last resort when every cheaper one that fits is busy;
 - ``cost_per_hour``: USD per hour of the occupied GPUs (policy prices; replay: time average);
 - ``queue_delay_hours_mean`` / ``_max`` (replay) of the pods that started.
 """
@@ -75,6 +79,7 @@ class Placement:
     node: int
     units: tuple[Unit, ...]
     start_s: float
+    cheaper_was_free: bool = False  # premium units while a non-premium GPU the pod's filter passes was free
 
 
 @dataclass
@@ -86,6 +91,7 @@ class Snapshot:
     oom_risk: int | None
     premium_gpu_hours_wasted: float
     cost_per_hour: float
+    premium_gpu_hours_fit_cheaper: float = 0.0
     sharing_placed: int = 0
     sharing_unplaced: int = 0
     allocated_gpus: float = 0.0
@@ -140,6 +146,18 @@ class Judge:
 
     def is_premium(self, u: Unit) -> bool:
         return self.policy.tier(u.entry) == "premium"
+
+    def cheaper_free(self, pod: SimPod, units: Sequence[Unit], cluster: Cluster) -> bool:
+        """Whether ``units`` (about to be given to ``pod``) hold a premium GPU while a non-premium
+        GPU that gpuplace's filter passes for the pod is free now (asked before the placement)."""
+        if not any(self.is_premium(u) for u in units) or not self.fits_cheaper(pod):
+            return False
+        job = self.engine.job(pod.manifest())
+        for cid in cluster.live_classes(cluster.fits_resources(pod)):
+            r = self.engine.filter(job, [cluster.class_state(cid, pod.gpu_milli)], None)[0]
+            if r.passed and r.chosen and not any(self.is_premium(u) for u in r.chosen):
+                return True
+        return False
 
 
 STRANDED_CAUSES = ("cpu", "memory", "cpu_and_memory", "model", "gpus", "other")
@@ -197,10 +215,12 @@ def _stranded(cluster: Cluster, policy: PlacementPolicy, pending: Iterable[SimPo
     return int(stranded.sum()), by_model, stranded_causes(cluster, stranded, list(shapes.values()))
 
 
-def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[int | None, float]:
+def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[int | None, float, float]:
+    """(OOM-risk placements, premium GPU-hours wasted, premium GPU-hours to pods a cheaper model fits)."""
     oom = 0
     known = 0
     wasted = 0.0
+    fit_cheaper = 0.0
     for p in placements:
         if not p.units:
             continue
@@ -211,8 +231,11 @@ def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[in
                 oom += 1
         premium = sum(1 for u in p.units if judge.is_premium(u))
         if premium and judge.fits_cheaper(p.pod):
-            wasted += premium * p.pod.gpu_milli / 1000 * p.pod.duration_s / 3600
-    return (oom if known else None), wasted
+            hours = premium * p.pod.gpu_milli / 1000 * p.pod.duration_s / 3600
+            fit_cheaper += hours
+            if p.cheaper_was_free:
+                wasted += hours
+    return (oom if known else None), wasted, fit_cheaper
 
 
 def fgd_arrivals(pods: Sequence[SimPod], seed: int, ratio: float, capacity_milli: int) -> list[SimPod]:
@@ -307,8 +330,8 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
     def snapshot(load: float) -> None:
         gpu_pending = [p for p in pending if p.gpus]
         stranded, by_model, by_cause = _stranded(cluster, policy, gpu_pending)
-        oom, wasted = _placement_totals(placed, judge)
-        out[load] = Snapshot(
+        oom, wasted, fit_cheaper = _placement_totals(placed, judge)
+        out[load] = Snapshot(premium_gpu_hours_fit_cheaper=fit_cheaper,
             allocation_ratio=cluster.allocated / cluster.capacity, stranded_gpus=stranded,
             placed=sum(1 for p in placed if p.pod.gpus), unplaced=len(gpu_pending), oom_risk=oom,
             premium_gpu_hours_wasted=wasted, cost_per_hour=cluster.cost_per_hour, allocated_gpus=cluster.allocated,
@@ -329,8 +352,9 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             pending.append(pod)
         else:
             i, units = choice
+            cheaper = judge.cheaper_free(pod, units, cluster)
             cluster.place(i, pod, units)
-            placed.append(Placement(pod, i, units, 0.0))
+            placed.append(Placement(pod, i, units, 0.0, cheaper))
         arrived_series.append(arrived)
         used_series.append(cluster.allocated_milli)
         if progress is not None and n % 200 == 0:
@@ -392,8 +416,9 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         if choice is None:
             return False
         i, units = choice
+        cheaper = judge.cheaper_free(pod, units, cluster)
         cluster.place(i, pod, units)
-        p = Placement(pod, i, units, t)
+        p = Placement(pod, i, units, t, cheaper)
         started.append(p)
         delays.append(t - arrived)
         heapq.heappush(departures, (t + pod.duration_s, next(seq), p))
@@ -422,14 +447,15 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         if progress is not None and n % 200 == 0:
             progress(n)
     stranded, by_model, by_cause = _stranded(cluster, policy, (q for q, _ in queue if q.gpus))
-    oom, wasted = _placement_totals(started, judge)
+    oom, wasted, fit_cheaper = _placement_totals(started, judge)
     span = max(end, 1e-9)
     cpu_started = sum(1 for p in started if not p.pod.gpus)
     cpu_queued = sum(1 for q, _ in queue if not q.gpus)
     return Snapshot(
         allocation_ratio=alloc_integral / span / cluster.capacity, stranded_gpus=stranded,
         placed=len(started) - cpu_started, unplaced=len(queue) - cpu_queued, oom_risk=oom,
-        premium_gpu_hours_wasted=wasted, cpu_only_placed=cpu_started, cpu_only_unplaced=cpu_queued,
+        premium_gpu_hours_wasted=wasted, premium_gpu_hours_fit_cheaper=fit_cheaper,
+        cpu_only_placed=cpu_started, cpu_only_unplaced=cpu_queued,
         gpu_milli_allocation_ratio=milli_integral / span / cluster.capacity_milli,
         allocated_gpu_milli=milli_integral / span,
         cost_per_hour=cost_integral / span, allocated_gpus=alloc_integral / span,

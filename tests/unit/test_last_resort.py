@@ -63,8 +63,24 @@ def test_with_every_cheaper_gpu_busy_the_premium_gpus_are_scored_as_usual_and_th
     assert d.scores["a100"].score > 0
 
 
-def test_the_default_policy_still_denies_premium_full_gpus_to_small_jobs():
-    d = decide(Engine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
+def denied_policy():
+    """The default with premium GPUs reserved outright for class large (``deniedModels``)."""
+    doc = copy.deepcopy(DEFAULT)
+    for cls in doc["classes"]:
+        if cls["name"] in ("small", "medium"):
+            cls["deniedModels"] = cls.pop("lastResortModels")
+    return parse_policy(doc)
+
+
+def test_the_default_policy_gives_small_jobs_a_premium_gpu_only_when_no_cheaper_one_is_free():
+    busy = decide(Engine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
+    assert busy.results[0].passed and busy.best().node == "h100"
+    free = decide(Engine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090)])
+    assert free.best().node == "rtx" and free.scores["h100"].score == 0 and free.scores["h100"].last_resort
+
+
+def test_a_policy_that_denies_premium_gpus_to_small_jobs_still_can():
+    d = decide(Engine(denied_policy()), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
     assert not d.results[0].passed and C_CLASS in {x.criterion for x in d.results[0].rejections}
 
 
@@ -72,7 +88,8 @@ def test_explain_says_which_nodes_the_last_resort_rule_scored_0():
     engine = Engine(last_resort_policy())
     d = decide(engine, pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090)])
     text = render_decision(d, engine.policy)
-    assert "last resort (class small lastResortModels)" in text.split("PASS h100")[1].splitlines()[0]
+    assert "-> 0: last resort" in text.split("PASS h100")[1].splitlines()[0]
+    assert "a model class small keeps for when no other node passes (lastResortModels)" in text
     doc = explain_decision(d, engine.policy)
     by_node = {n["node"]: n for n in doc["nodes"]}
     assert by_node["h100"]["lastResort"] is True and "lastResort" not in by_node["rtx"]
@@ -108,7 +125,7 @@ def test_an_explicit_gpu_models_list_is_honored_over_an_inferred_size_class():
 
 def test_a_pinned_class_keeps_its_denied_models_even_with_an_explicit_gpu_models_list():
     p = pod({**LORA_7B, "gpuplace.io/gpu-models": "A100-80GB", "gpuplace.io/class": "small"})
-    d = decide(Engine(), p, [node("a100", A100, 8)])
+    d = decide(Engine(denied_policy()), p, [node("a100", A100, 8)])
     assert not d.results[0].passed and C_CLASS in {x.criterion for x in d.results[0].rejections}
 
 

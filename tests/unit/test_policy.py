@@ -15,17 +15,18 @@ from tests.factories import EXAMPLES
 MINIMAL = {"classes": [{"name": "any"}], "rules": [{"class": "any"}], "defaultClass": "any"}
 
 
-def test_the_shipped_default_policy_is_valid_and_keeps_premium_gpus_for_large_jobs():
+def test_the_shipped_default_policy_is_valid_and_keeps_premium_gpus_as_a_last_resort_for_smaller_jobs():
     p = default_policy()
     assert {c.name for c in p.classes} == {"small", "medium", "large"}
-    assert "H100" in p.class_named("medium").denied_models
-    assert not p.class_named("large").denied_models
+    assert "H100" in p.class_named("medium").last_resort_models
+    assert not p.class_named("medium").denied_models  # reserving them outright is the policy's choice
+    assert not p.class_named("large").denied_models and not p.class_named("large").last_resort_models
 
 
 @pytest.mark.parametrize("class_name", ["small", "medium"])
-def test_the_default_policy_keeps_every_premium_catalog_row_from_small_and_medium_jobs(class_name):
+def test_the_default_policy_makes_every_premium_catalog_row_a_last_resort_for_small_and_medium_jobs(class_name):
     cat = default_catalog()
-    denied = set().union(*(cat.resolve_token(t) for t in default_policy().class_named(class_name).denied_models))
+    denied = set().union(*(cat.resolve_token(t) for t in default_policy().class_named(class_name).last_resort_models))
     premium = {e.id for e in cat.entries.values() if e.tier == "premium"}
     assert premium <= denied, sorted(premium - denied)
     assert {"b200-sxm-180gb", "b300-sxm-288gb", "gb200-186gb", "gb300-288gb", "h200-nvl-141gb",
@@ -46,9 +47,9 @@ def test_a_7b_job_is_not_sent_to_a_b200_or_gb200_by_default_when_an_l40_fits():
     states = [NodeState(n, build_node_view(parse_inventory(inventory(n, [gpu(i, **spec) for i in range(4)])), cat),
                         NodeAllocation()) for n, spec in specs.items()]
     d = Engine(default_policy()).decide(pod({"gpuplace.io/model-params": "7B"}), states, None)
-    passed = {r.node for r in d.results if r.passed}
-    assert passed == {"l40"}, [r.reason for r in d.results]
     assert d.best().node == "l40"
+    assert {n for n, s in d.scores.items() if s is not None and s.last_resort} == {"b200", "gb200"}
+    assert all(d.scores[n].score == 0 for n in ("b200", "gb200"))
 
 
 @pytest.mark.parametrize("change, path", [

@@ -136,8 +136,8 @@ def test_13b_bf16_inference_is_refused_by_24gb_cards_for_vram_and_by_turing_for_
 def test_13b_bf16_inference_scores_best_on_a_mig_slice_or_48gb_ampere_never_a_full_premium_gpu(client):
     top = best(client, pod(LLM_13B))
     assert top and top <= {"gpu-a100-mig-0", "gpu-a6000-0"}
-    passing = post(client, "filter", pod(LLM_13B))["NodeNames"]
-    assert "gpu-a100-80g-0" not in passing and "gpu-h100-0" not in passing
+    s = scores(client, pod(LLM_13B))
+    assert s["gpu-a100-80g-0"] == 0 and s["gpu-h100-0"] == 0  # premium full GPUs: a last resort while others pass
 
 
 def test_7b_lora_scores_best_on_an_rtx_4090(client):
