@@ -43,8 +43,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from scheduler_extender.core.catalog import Catalog
-from scheduler_extender.core.devices import Unit
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.devices import NodeState, Unit
+from scheduler_extender.core.engine import Engine, GroupedResults
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
@@ -117,15 +117,16 @@ def _pick(keys: np.ndarray, rng: random.Random) -> int | None:
 
 
 class GpuplacePolicy:
-    """The extender's decision: ``Engine.filter`` + ``Engine.score`` on one node per class."""
+    """The extender's decision, on the path the extender serves: ``Engine.filter_grouped`` (the
+    equivalence classes and the job memo of ``/filter``) and ``Engine.score_grouped`` (those of
+    ``/prioritize``) over one engine state per class of simulated nodes."""
 
     def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT) -> None:
         self.name = name
         self.extender_weight = extender_weight
         self.engine = engine
         self._jobs: dict[tuple, Job] = {}
-        self._verdicts: dict[tuple, NodeResult] = {}
-        self.filter_calls = 0
+        self.filter_calls = 0  # requests to the grouped filter (one per pod the extender is asked about)
         self.tracker = WorkloadTracker()
 
     def job(self, pod: SimPod) -> Job:
@@ -139,21 +140,28 @@ class GpuplacePolicy:
             j = self._jobs[key] = self.engine.job(pod.manifest())
         return j
 
-    def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:
-        """Filter verdicts of the classes with a node that fits the pod's CPU/memory (kube-scheduler
-        runs NodeResourcesFit before it calls the extender), one filter call per engine state
-        (``Cluster.class_state``) and pod kind."""
+    def _grouped(self, pod: SimPod, cluster: Cluster, fits: np.ndarray
+                 ) -> tuple[Job, list[int], list[int], GroupedResults]:
+        """The grouped filter over the engine states of the classes with a node that fits the
+        pod's CPU/memory (kube-scheduler runs NodeResourcesFit before it calls the extender):
+        (job, live classes, per live class the index of its state in the request, results)."""
         job = self.job(pod)
-        out: dict[int, NodeResult] = {}
-        for cid in cluster.live_classes(fits):
-            state = cluster.class_state(cid, pod.gpu_milli)
-            key = (pod.signature, id(state))
-            r = self._verdicts.get(key)
-            if r is None:
-                r = self._verdicts[key] = self.engine.filter(job, [state], None)[0]
-                self.filter_calls += 1
-            out[cid] = r
-        return job, out
+        live = cluster.live_classes(fits)
+        states: list[NodeState] = []
+        where: dict[int, int] = {}
+        state_of: list[int] = []
+        for cid in live:
+            st = cluster.class_state(cid, pod.gpu_milli)
+            k = where.setdefault(id(st), len(states))
+            if k == len(states):
+                states.append(st)
+            state_of.append(k)
+        self.filter_calls += 1
+        return job, live, state_of, self.engine.filter_grouped(job, states, None)
+
+    def _verdicts_for(self, pod: SimPod, cluster: Cluster, fits: np.ndarray) -> tuple[Job, dict[int, NodeResult]]:
+        job, live, state_of, grouped = self._grouped(pod, cluster, fits)
+        return job, _by_class(live, state_of, grouped)
 
     def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
         fits = cluster.fits_resources(pod)
@@ -169,22 +177,19 @@ class GpuplacePolicy:
         if pod.gpus == 0:  # no GPU request: kube-scheduler's default profile alone
             i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)
             return None if i is None else (i, ())
-        job, verdicts = self._verdicts_for(pod, cluster, fits)
+        job, live, state_of, grouped = self._grouped(pod, cluster, fits)
         shape = demand_shape(job)
         if shape is not None:  # the extender learns from every pod it is asked about, placed or not
             self.tracker.observe(shape)
-        passed = [(c, r) for c, r in verdicts.items() if r.passed and r.chosen]
-        if not passed:
+        verdicts = _by_class(live, state_of, grouped)
+        if not any(r.passed and r.chosen for r in verdicts.values()):
             return None
-        unique: dict[str, tuple] = {}  # classes that look alike to this pod are scored once
-        for c, r in passed:
-            st = cluster.class_state(c, pod.gpu_milli)
-            unique.setdefault(st.name, (st, r))
-        scores = self.engine.score(job, [st for st, _ in unique.values()], [r for _, r in unique.values()],
-                                   self.tracker.profile())
+        scored = self.engine.score_grouped(job, grouped, self.tracker.profile())
         by_class = np.full(cluster.class_total, -np.inf)
-        for c, _ in passed:
-            by_class[c] = scores[cluster.class_state(c, pod.gpu_milli).name].score
+        for cid, k in zip(live, state_of):
+            sc = scored.scores[scored.score_of[k]]
+            if sc is not None and verdicts[cid].passed and verdicts[cid].chosen:
+                by_class[cid] = sc.score
         # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
         keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
         keys[~fits] = -np.inf
@@ -196,8 +201,12 @@ class GpuplacePolicy:
         return i, verdicts[int(cluster.class_of[i])].chosen
 
     def reset(self) -> None:
-        self._verdicts.clear()
         self.tracker = WorkloadTracker()
+
+
+def _by_class(live: list[int], state_of: list[int], grouped: GroupedResults) -> dict[int, NodeResult]:
+    """Per live class, the grouped filter's verdict for its state."""
+    return {cid: grouped.results[grouped.group_of[k]] for cid, k in zip(live, state_of)}
 
 
 class KubeBaseline:

@@ -542,3 +542,27 @@ def test_simulate_command_names_the_bad_option():
                           "--pods", str(FIX / "openb_pod_list_gpuspec33.csv"), "--load", "lots"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--load 'lots'" in out.stderr
+
+
+def test_gpuplace_in_the_simulator_decides_on_the_grouped_path_the_extender_serves(monkeypatch):
+    """The simulator's gpuplace calls Engine.filter_grouped and Engine.score_grouped, as /filter and
+    /prioritize do, never the plain Engine.filter over every node (issue 16, item 4)."""
+    def plain(*args, **kwargs):
+        raise AssertionError("the simulator took the plain path")
+
+    engine = Engine(catalog=CAT)
+    calls = {"filter_grouped": 0, "score_grouped": 0}
+    for name in calls:
+        real = getattr(engine, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(engine, name, counted)
+    fleet = mixed_fleet(CAT)
+    policy = GpuplacePolicy(engine)
+    monkeypatch.setattr(engine, "filter", plain)
+    snaps = run_fill(fleet, [p for p, _ in zip(llm_pods(0), range(150))], policy, Engine(catalog=CAT), [1.0], 0)
+    assert snaps[1.0].placed > 0
+    assert calls["filter_grouped"] >= snaps[1.0].placed and calls["score_grouped"] > 0
