@@ -706,7 +706,14 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
         raise ValueError(f"max in-flight body bytes ({max_inflight_body_bytes}) must be at least the max body "
                          f"bytes ({max_body_bytes})")
     m = service.metrics
-    limiter = anyio.CapacityLimiter(decision_threads)
+    limiters: list[anyio.CapacityLimiter] = []
+
+    def limiter() -> anyio.CapacityLimiter:
+        # Made in the event loop, on first use: anyio 4.0 (the declared floor) refuses to make one
+        # outside an async context (sniffio's "unknown async library"), and the app is built before.
+        if not limiters:
+            limiters.append(anyio.CapacityLimiter(decision_threads))
+        return limiters[0]
     budget = BodyBudget(max_inflight_body_bytes)
 
     def decide(name: str, fn: Any, parse: Any, body: bytes) -> tuple[int, bytes]:
@@ -741,7 +748,7 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
                     code = 499
                     return _error(499, "client disconnected before sending the whole body")
                 try:
-                    code, answer = await anyio.to_thread.run_sync(decide, name, fn, parse, body, limiter=limiter)
+                    code, answer = await anyio.to_thread.run_sync(decide, name, fn, parse, body, limiter=limiter())
                 finally:
                     budget.give(len(body))
                 return Response(answer, status_code=code, media_type="application/json")
@@ -751,7 +758,7 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
         return endpoint
 
     async def debug_allocations(request: Request) -> Response:
-        body = await anyio.to_thread.run_sync(lambda: dumps(service.source.allocations()), limiter=limiter)
+        body = await anyio.to_thread.run_sync(lambda: dumps(service.source.allocations()), limiter=limiter())
         return Response(body, media_type="application/json")
 
     return Starlette(routes=[
