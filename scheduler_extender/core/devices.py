@@ -240,6 +240,18 @@ class NodeState:
 _NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
 
 
+def free_units(view: NodeView | None, allocation: NodeAllocation, resource: str) -> list[Unit]:
+    """The units of ``resource`` a pod could be given now: healthy, not held by a pod the
+    allocation names, less as many as the resource's anonymous holdings (pods no ``allocatedTo``
+    names hold *some* units; which is unknown, so the last ones count as theirs). The one
+    definition of free devices; the filter applies it to the units its criteria left eligible."""
+    if view is None:
+        return []
+    held = allocation.held
+    free = [u for u in view.units(resource) if u.healthy and u.uuid not in held]
+    return free[:max(0, len(free) - allocation.anonymous.get(resource, 0))]
+
+
 def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[str, dict[str, int | None]]:
     """Per extended resource: ``allocatable`` (healthy units), ``held`` and ``free`` unit counts.
 
@@ -253,7 +265,7 @@ def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[st
         for resource, units in view.units_by_resource.items():
             healthy = sum(1 for u in units if u.healthy)
             held = sum(1 for u in units if u.uuid in allocation.held) + allocation.anonymous.get(resource, 0)
-            usage[resource] = {"allocatable": healthy, "held": held, "free": max(healthy - held, 0)}
+            usage[resource] = {"allocatable": healthy, "held": held, "free": len(free_units(view, allocation, resource))}
     for resource, n in allocation.anonymous.items():
         if resource not in usage:
             known = view is not None  # a resource the inventory lacks: none allocatable

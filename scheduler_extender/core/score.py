@@ -51,7 +51,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from scheduler_extender.core.devices import NodeState, Unit
+from scheduler_extender.core.devices import NodeState, Unit, free_units
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
@@ -96,13 +96,7 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
 
 
 def _free_units(state: NodeState, resource: str) -> list[Unit]:
-    view = state.view
-    if view is None:
-        return []
-    held = state.allocation.held
-    free = [u for u in view.units(resource) if u.uuid not in held and u.healthy]
-    anonymous = state.allocation.anonymous.get(resource, 0)
-    return free[:max(0, len(free) - anonymous)]  # devices of pods no allocatedTo names: some of them
+    return free_units(state.view, state.allocation, resource)
 
 
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:

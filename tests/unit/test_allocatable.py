@@ -106,3 +106,19 @@ def test_full_node_list_requests_check_the_inventory_against_the_nodes_own_alloc
         got = r.json()
     assert [n["metadata"]["name"] for n in got["Nodes"]["items"]] == ["gpu-4090-1"]
     assert "claims 4 healthy nvidia.com/gpu" in got["FailedAndUnresolvableNodes"]["gpu-4090-0"]
+
+
+def test_free_devices_have_one_definition_for_the_score_and_the_debug_view():
+    from scheduler_extender.core.devices import NodeAllocation, build_node_view, free_units, resource_usage
+    from node_agent.inventory import parse_inventory
+    from tests.factories import gpu, inventory
+    from scheduler_extender.core.catalog import default_catalog
+
+    gs = [gpu(i) for i in range(4)]
+    gs[3]["healthy"] = False
+    view = build_node_view(parse_inventory(inventory("n", gs)), default_catalog())
+    held = {gs[3]["uuid"]: "t/broken", gs[0]["uuid"]: "t/a"}  # a pod still holds the unhealthy GPU
+    alloc = NodeAllocation(held=held, anonymous={"nvidia.com/gpu": 1})
+    free = free_units(view, alloc, "nvidia.com/gpu")
+    assert [u.gpu_index for u in free] == [1]  # 1 and 2 healthy and unnamed, one of them anonymous
+    assert resource_usage(view, alloc)["nvidia.com/gpu"]["free"] == len(free)
