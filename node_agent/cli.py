@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "fake-nvml / fake-amdsmi: run the NVML / AMD SMI code against a recorded --nvml-fixture / "
                      "--amdsmi-fixture")
     src.add_argument("--fake-inventory", metavar="FILE", help="NodeGPUInventory file (JSON or YAML) for --probe fake")
-    src.add_argument("--nvml-fixture", metavar="FILE", help="fake NVML fixture (YAML, tests/fixtures/nvml/) for --probe fake-nvml")
+    src.add_argument("--nvml-fixture", metavar="FILE", help="NVML scenario (YAML, tests/fixtures/nvml/) for --probe fake-nvml: the real pynvml over the stand-in libnvidia-ml")
     src.add_argument("--amdsmi-fixture", metavar="FILE",
                      help="fake AMD SMI fixture (YAML, tests/fixtures/amdsmi/) for --probe fake-amdsmi")
     src.add_argument("--node-name", default=None,
