@@ -44,7 +44,8 @@ import numpy as np
 
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, Unit
-from scheduler_extender.core.engine import Engine, GroupedResults
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import GroupedResults, as_grouped
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
@@ -124,7 +125,7 @@ class GpuplacePolicy:
     def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT) -> None:
         self.name = name
         self.extender_weight = extender_weight
-        self.engine = engine
+        self.engine = as_grouped(engine)
         self._jobs: dict[tuple, Job] = {}
         self.filter_calls = 0  # requests to the grouped filter (one per pod the extender is asked about)
         self.tracker = WorkloadTracker()

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Container, Mapping, Sequence
 
-from scheduler_extender.core.engine import decision_job
+from scheduler_extender.fast.grouped import decision_job
 
 if TYPE_CHECKING:
     from scheduler_extender.core.filter import NodeResult

@@ -229,7 +229,7 @@ class NodeState:
     memory_bytes_free: int | None = None
 
     def with_host(self, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
-        """This state under another node's name and free CPU/memory (``Engine.score_grouped``
+        """This state under another node's name and free CPU/memory (``GroupedEngine.score_grouped`` (``fast.grouped``)
         scores a node on its class's representative this way). Values the decision caches beside
         the fields (equivalence keys, free-unit lists) depend on neither, so they carry over."""
         out = NodeState(name, self.view, self.allocation, self.inventory_error, cpu_milli_free, memory_bytes_free)

@@ -304,7 +304,7 @@ def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
 # ---- composition ------------------------------------------------------------------------------
 
 UnitVerdicts = dict
-"""A memo for ``filter_node`` (``Engine.filter_grouped`` keeps one per job): per node structure
+"""A memo for ``filter_node`` (``GroupedEngine.filter_grouped`` (``fast.grouped``) keeps one per job): per node structure
 (``equivalence.view_class``) and resource, the allocation-independent part of the verdict."""
 
 

@@ -31,7 +31,9 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.engine import Engine, GroupedResults, NodeGroups, decision_job, group_nodes, named_job
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, NodeGroups, as_grouped, decision_job,
+                                             group_nodes, named_job)
 from scheduler_extender.core.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
@@ -161,7 +163,7 @@ class ExtenderService:
     """The verbs, without HTTP. ``engine`` is swapped whole on a policy reload."""
 
     def __init__(self, engine: Engine, source: StateSource, metrics: ExtenderMetrics | None = None) -> None:
-        self.engine = engine
+        self.engine = engine  # a GroupedEngine (the property below wraps a plain Engine)
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
         self._node_index: _NodeIndex | None = None
@@ -186,6 +188,15 @@ class ExtenderService:
         # --filter-returns-best: /filter also scores and passes only the best-scored nodes, so
         # kube-scheduler needs no prioritize call (one round trip per pod).
         self.filter_returns_best = False
+
+    @property
+    def engine(self) -> GroupedEngine:
+        """The engine requests are decided with; swapped whole on a policy reload."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = as_grouped(engine)
 
     def _learn(self, job: Any, pod: Any) -> None:
         shape = demand_shape(job)

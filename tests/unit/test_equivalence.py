@@ -12,7 +12,7 @@ from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import GroupedEngine
 from scheduler_extender.core.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.core.workload import DemandShape, WorkloadProfile
@@ -93,18 +93,18 @@ def assert_same_decisions(engine, states, now=None, workload=None):
 
 
 def test_grouped_filter_and_score_equal_the_direct_ones_on_every_node():
-    assert_same_decisions(Engine(), cluster_states())
+    assert_same_decisions(GroupedEngine(), cluster_states())
 
 
 def test_a_generated_cluster_collapses_into_few_classes():
     states = [state_of(d) for d in generate_cluster(1000)]
-    job = Engine().job(pod({"gpuplace.io/model-params": "7B"}))
-    grouped = Engine().filter_grouped(job, states, None)
+    job = GroupedEngine().job(pod({"gpuplace.io/model-params": "7B"}))
+    grouped = GroupedEngine().filter_grouped(job, states, None)
     assert len(grouped.results) < len(states) / 5
 
 
 def test_after_a_node_state_changes_its_new_state_is_decided_anew():
-    engine = Engine()
+    engine = GroupedEngine()
     states = cluster_states()
     h100 = next(i for i, s in enumerate(states) if s.view and s.view.description == "8x NVIDIA H100 80GB HBM3")
     states[h100] = dataclasses.replace(states[h100], allocation=NodeAllocation())
@@ -126,11 +126,11 @@ def test_after_a_node_state_changes_its_new_state_is_decided_anew():
 def test_after_a_policy_swap_the_new_engine_decides_by_the_new_policy():
     states = cluster_states()
     p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"})
-    old = Engine()
+    old = GroupedEngine()
     raw = default_policy().model_dump(by_alias=True, mode="json")
     for cls in raw["classes"]:
         cls["deniedModels"] = [*cls.get("deniedModels", []), "rtx-4090"]
-    new = Engine(parse_policy(raw))
+    new = GroupedEngine(parse_policy(raw))
     def passing(engine):
         g = engine.filter_grouped(engine.job(p), states, None)
         return {s.name for s, k in zip(states, g.group_of) if g.results[k].passed}
@@ -145,7 +145,7 @@ def test_stale_inventories_are_decided_per_node_with_their_own_age():
         d["observedAt"] = f"2026-11-21T08:{i:02d}:00Z"
     states = [state_of(d) for d in docs]
     now = dt.datetime(2026, 11, 21, 8, 30, tzinfo=dt.timezone.utc)
-    engine = Engine()
+    engine = GroupedEngine()
     assert_same_decisions(engine, states, now)
     g = engine.filter_grouped(engine.job(pod({"gpuplace.io/vram": "1Gi"})), states, now)
     stale = [g.results[k].reason for k in g.group_of if "stale" in (g.results[k].reason or "")]
@@ -166,7 +166,7 @@ def test_a_stale_node_asked_again_later_reports_its_new_age():
     for d in docs:
         d["observedAt"] = "2026-11-21T08:00:00Z"
     states = [state_of(d) for d in docs]
-    engine = Engine()
+    engine = GroupedEngine()
     job = engine.job(pod({"gpuplace.io/vram": "1Gi"}))
     now = dt.datetime(2026, 11, 21, 9, 0, tzinfo=dt.timezone.utc)
     for later in (now, now + dt.timedelta(seconds=60)):
@@ -185,11 +185,11 @@ def test_free_cpu_and_memory_split_classes_only_for_the_score_and_only_when_frag
     # still tells apart (it divides free CPU by the mean request per GPU).
     states = [dataclasses.replace(s, cpu_milli_free=rng.choice([None, 2000, 8000, 12000, 64000]),
                                   memory_bytes_free=rng.choice([None, 8 * 2**30, 512 * 2**30])) for s in base]
-    grouped = Engine().filter_grouped(Engine().job(pods()[0]), states, None)
-    assert len(grouped.results) == len(Engine().filter_grouped(Engine().job(pods()[0]), base, None).results)
+    grouped = GroupedEngine().filter_grouped(GroupedEngine().job(pods()[0]), states, None)
+    assert len(grouped.results) == len(GroupedEngine().filter_grouped(GroupedEngine().job(pods()[0]), base, None).results)
     workload = WorkloadProfile(((DemandShape("nvidia.com/gpu", 1, 4000, 16 * 2**30), 1.0),
                                 (DemandShape("nvidia.com/gpu", 2, 16000, 64 * 2**30), 1.0)), version=1)
-    assert_same_decisions(Engine(), states, workload=workload)
+    assert_same_decisions(GroupedEngine(), states, workload=workload)
 
 
 def test_a_state_under_another_nodes_name_and_host_keeps_every_other_field():

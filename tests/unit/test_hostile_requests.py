@@ -10,7 +10,7 @@ import pytest
 
 from scheduler_extender.service import server
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import GroupedEngine
 from scheduler_extender.fast.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
 from scheduler_extender.service.server import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
@@ -22,7 +22,7 @@ NODES = sorted(p.stem for p in (EXAMPLES / "cluster").glob("*.json"))
 
 @pytest.fixture
 def service():
-    return ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    return ExtenderService(GroupedEngine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
 
 
 def filter_(service, p, names=NODES):
@@ -41,7 +41,7 @@ def versioned(p, uid="victim-uid", version="41"):
 
 def test_a_request_forged_with_another_pods_uid_and_resource_version_does_not_change_its_decision(service):
     victim = versioned(pod({"gpuplace.io/vram": "20Gi"}, name="victim", namespace="team-a"))
-    honest = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    honest = ExtenderService(GroupedEngine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
     expected_filter, expected_scores = filter_(honest, victim), prioritize(honest, victim)
     assert expected_filter["NodeNames"], "the victim fits some node"
 
@@ -70,7 +70,7 @@ def test_a_list_mixing_known_and_unknown_names_gets_the_same_verdicts_as_each_no
     p = pod({"gpuplace.io/vram": "20Gi"})
     mixed = filter_(service, p, ["stranger-a", *NODES, "stranger-b"])
     for name in NODES:
-        alone = filter_(ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog())), p, [name])
+        alone = filter_(ExtenderService(GroupedEngine(), StaticSource(EXAMPLES / "cluster", default_catalog())), p, [name])
         assert (name in mixed["NodeNames"]) == (name in alone["NodeNames"])
 
 
@@ -134,7 +134,7 @@ def test_rotations_of_one_node_list_keep_at_most_a_bounded_number_of_state_lists
 
 
 def test_full_node_objects_with_ever_new_inventories_keep_a_bounded_number_of_class_verdicts(service, monkeypatch):
-    from scheduler_extender.core import engine as engine_module
+    from scheduler_extender.fast import grouped as engine_module
     from tests.factories import example_inventory
 
     monkeypatch.setattr(engine_module, "MEMO_CLASSES", 50)

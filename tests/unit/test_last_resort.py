@@ -8,7 +8,7 @@ import yaml
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import GroupedEngine
 from scheduler_extender.core.filter import C_CLASS
 from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.gpuplace_cli import render_decision
@@ -45,7 +45,7 @@ def decide(engine, p, states):
 
 
 def test_a_small_job_scores_premium_gpus_0_while_a_cheaper_gpu_that_fits_is_free():
-    engine = Engine(last_resort_policy())
+    engine = GroupedEngine(last_resort_policy())
     d = decide(engine, pod(LORA_7B), [node("h100", H100, 8), node("a100", A100, 8), node("rtx", RTX4090)])
     assert all(r.passed for r in d.results)
     assert d.scores["h100"].score == 0 and d.scores["h100"].last_resort
@@ -55,7 +55,7 @@ def test_a_small_job_scores_premium_gpus_0_while_a_cheaper_gpu_that_fits_is_free
 
 
 def test_with_every_cheaper_gpu_busy_the_premium_gpus_are_scored_as_usual_and_the_pod_is_placed():
-    engine = Engine(last_resort_policy())
+    engine = GroupedEngine(last_resort_policy())
     d = decide(engine, pod(LORA_7B), [node("h100", H100, 8), node("a100", A100, 8), node("rtx", RTX4090, held=4)])
     assert not d.results[2].passed
     assert not any(s.last_resort for s in d.scores.values())
@@ -73,19 +73,19 @@ def denied_policy():
 
 
 def test_the_default_policy_gives_small_jobs_a_premium_gpu_only_when_no_cheaper_one_is_free():
-    busy = decide(Engine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
+    busy = decide(GroupedEngine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
     assert busy.results[0].passed and busy.best().node == "h100"
-    free = decide(Engine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090)])
+    free = decide(GroupedEngine(), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090)])
     assert free.best().node == "rtx" and free.scores["h100"].score == 0 and free.scores["h100"].last_resort
 
 
 def test_a_policy_that_denies_premium_gpus_to_small_jobs_still_can():
-    d = decide(Engine(denied_policy()), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
+    d = decide(GroupedEngine(denied_policy()), pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090, held=4)])
     assert not d.results[0].passed and C_CLASS in {x.criterion for x in d.results[0].rejections}
 
 
 def test_explain_says_which_nodes_the_last_resort_rule_scored_0():
-    engine = Engine(last_resort_policy())
+    engine = GroupedEngine(last_resort_policy())
     d = decide(engine, pod(LORA_7B), [node("h100", H100, 8), node("rtx", RTX4090)])
     text = render_decision(d, engine.policy)
     assert "-> 0: last resort" in text.split("PASS h100")[1].splitlines()[0]
@@ -96,7 +96,7 @@ def test_explain_says_which_nodes_the_last_resort_rule_scored_0():
 
 
 def test_the_grouped_path_gives_the_plain_paths_scores_under_the_last_resort_rule():
-    engine = Engine(last_resort_policy())
+    engine = GroupedEngine(last_resort_policy())
     states = [node("h100-0", H100, 8), node("h100-1", H100, 8), node("rtx-0", RTX4090), node("rtx-1", RTX4090, held=2),
               node("rtx-2", RTX4090, held=4)]
     job = engine.job(pod(LORA_7B))
@@ -117,7 +117,7 @@ def test_an_unknown_last_resort_model_is_refused_naming_the_field():
 
 def test_an_explicit_gpu_models_list_is_honored_over_an_inferred_size_class():
     p = pod({**LORA_7B, "gpuplace.io/gpu-models": "A100-80GB"})
-    d = decide(Engine(), p, [node("a100", A100, 8), node("rtx", RTX4090)])
+    d = decide(GroupedEngine(), p, [node("a100", A100, 8), node("rtx", RTX4090)])
     assert d.job.size_class.name == "small" and d.job.class_reason != "gpuplace.io/class"
     assert d.results[0].passed, d.results[0].reason
     assert not d.results[1].passed  # the pod's own list still rules the 4090 out
@@ -125,7 +125,7 @@ def test_an_explicit_gpu_models_list_is_honored_over_an_inferred_size_class():
 
 def test_a_pinned_class_keeps_its_denied_models_even_with_an_explicit_gpu_models_list():
     p = pod({**LORA_7B, "gpuplace.io/gpu-models": "A100-80GB", "gpuplace.io/class": "small"})
-    d = decide(Engine(denied_policy()), p, [node("a100", A100, 8)])
+    d = decide(GroupedEngine(denied_policy()), p, [node("a100", A100, 8)])
     assert not d.results[0].passed and C_CLASS in {x.criterion for x in d.results[0].rejections}
 
 
@@ -133,5 +133,5 @@ def test_an_explicit_gpu_models_list_stays_within_the_namespaces_entitlement():
     doc = copy.deepcopy(DEFAULT)
     doc["defaultTenant"] = {"deniedModels": ["A100-80GB"]}
     p = pod({**LORA_7B, "gpuplace.io/gpu-models": "A100-80GB"})
-    d = decide(Engine(parse_policy(doc)), p, [node("a100", A100, 8)])
+    d = decide(GroupedEngine(parse_policy(doc)), p, [node("a100", A100, 8)])
     assert not d.results[0].passed and "not entitled" in d.results[0].reason

@@ -9,7 +9,8 @@ import pytest
 
 from scheduler_extender.cluster.cache import CHANGE_LOG_SIZE, ClusterCache
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.core.engine import Engine, frozen_value
+from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.fast.grouped import frozen_value
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.service.server import ExtenderService
 from scheduler_extender.cluster.sources import ClusterSource
@@ -44,7 +45,7 @@ def ask(service, verb, p, names=NODES):
 
 
 def fresh_answer(cache, verb, p, engine=None, names=NODES):
-    return ask(ExtenderService(engine or Engine(), ClusterSource(cache, CAT)), verb, p, names)
+    return ask(ExtenderService(engine or GroupedEngine(), ClusterSource(cache, CAT)), verb, p, names)
 
 
 EIGHT_GPU = {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "training", "gpuplace.io/sharding": "fsdp"}
@@ -52,7 +53,7 @@ EIGHT_GPU = {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "trainin
 
 def test_a_binding_between_two_requests_is_seen_by_the_second():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod(EIGHT_GPU, gpus=8, name="train")
     assert ask(service, "filter", p)["NodeNames"] == ["gpu-a100-80g-0"]
     cache.apply_pod_event("ADDED", bound("other", "gpu-a100-80g-0", 1))
@@ -64,7 +65,7 @@ def test_a_binding_between_two_requests_is_seen_by_the_second():
 
 def test_the_same_pod_asked_again_after_a_binding_gets_the_new_answer():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod(EIGHT_GPU, gpus=8, name="train")
     first = ask(service, "filter", p)
     cache.apply_pod_event("ADDED", bound("other", "gpu-a100-80g-0", 2))
@@ -77,7 +78,7 @@ def test_the_same_pod_asked_again_after_a_binding_gets_the_new_answer():
 
 def test_an_inventory_change_and_a_relist_are_seen():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod({"gpuplace.io/require": "nvlink"}, gpus=4, name="nv")
     assert "gpu-h100-0" in ask(service, "filter", p)["NodeNames"]
     inv = example_inventory("gpu-h100-0")
@@ -92,13 +93,13 @@ def test_an_inventory_change_and_a_relist_are_seen():
 
 def test_a_policy_swap_is_seen_by_the_next_request_of_the_same_pod():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}, name="lora")
     assert {"gpu-4090-0", "gpu-4090-1"} <= set(ask(service, "filter", p)["NodeNames"])
     raw = default_policy().model_dump(by_alias=True, mode="json")
     for cls in raw["classes"]:
         cls["deniedModels"] = [*cls.get("deniedModels", []), "rtx-4090"]
-    service.engine = new = Engine(parse_policy(raw))
+    service.engine = new = GroupedEngine(parse_policy(raw))
     after = ask(service, "filter", p)
     assert not {"gpu-4090-0", "gpu-4090-1"} & set(after["NodeNames"])
     assert after == fresh_answer(cache, "filter", p, new)
@@ -106,7 +107,7 @@ def test_a_policy_swap_is_seen_by_the_next_request_of_the_same_pod():
 
 def test_a_different_node_list_and_a_list_with_a_name_twice_are_answered_in_full():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod({"gpuplace.io/vram": "20Gi"}, name="small")
     ask(service, "filter", p)
     subset = NODES[:3]
@@ -135,7 +136,7 @@ def test_the_change_log_names_changed_nodes_and_gives_up_when_it_cannot():
 
 @pytest.mark.parametrize("field,value", [("namespace", "other"), ("name", "other")])
 def test_jobs_differing_in_any_field_have_different_memo_keys(field, value):
-    engine = Engine()
+    engine = GroupedEngine()
     a = engine.job(pod({"gpuplace.io/model-params": "7B"}))
     b = engine.job(pod({"gpuplace.io/model-params": "7B"}, **{field: value}))
     assert frozen_value(a) != frozen_value(b)
@@ -144,7 +145,7 @@ def test_jobs_differing_in_any_field_have_different_memo_keys(field, value):
 
 def test_a_rotated_node_list_is_answered_in_its_own_order_and_sees_changes():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod({"gpuplace.io/vram": "20Gi"}, name="small")
     ask(service, "prioritize", p)
     rotated = NODES[3:] + NODES[:3]
@@ -162,7 +163,7 @@ def test_a_rotated_node_list_is_answered_in_its_own_order_and_sees_changes():
 
 def test_pods_that_differ_only_by_name_share_verdicts_and_answers():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
     first = ask(service, "filter", pod(spec, name="lora-0"))
     assert len(service.engine._memo) == 1
@@ -178,13 +179,13 @@ def test_pods_of_other_namespaces_are_decided_for_their_own_tenant():
         {"name": "team-b", "namespaces": ["team-b"], "deniedModels": ["RTX-4090"]},
     ]})
     cache = cluster()
-    service = ExtenderService(Engine(policy), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(policy), ClusterSource(cache, CAT))
     spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
     a = ask(service, "filter", pod(spec, name="lora", namespace="team-a"))
     b = ask(service, "filter", pod(spec, name="lora", namespace="team-b"))
     assert {"gpu-4090-0", "gpu-4090-1"} <= set(a["NodeNames"])
     assert not {"gpu-4090-0", "gpu-4090-1"} & set(b["NodeNames"])
-    assert b == fresh_answer(cache, "filter", pod(spec, name="lora", namespace="team-b"), Engine(policy))
+    assert b == fresh_answer(cache, "filter", pod(spec, name="lora", namespace="team-b"), GroupedEngine(policy))
 
 
 def test_changing_windows_of_nodes_with_bindings_between_them_get_the_answers_of_a_fresh_extender():
@@ -199,7 +200,7 @@ def test_changing_windows_of_nodes_with_bindings_between_them_get_the_answers_of
     docs = generate_cluster(60, seed=3)
     cache.replace_nodes([node_obj(d["nodeName"], d) for d in docs])
     cache.replace_pods([])
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     names = [d["nodeName"] for d in docs]
     for i in range(40):
         annotations, resource, gpus, _ = POD_MIX[i % len(POD_MIX)]
@@ -209,7 +210,7 @@ def test_changing_windows_of_nodes_with_bindings_between_them_get_the_answers_of
         got = ask(service, "filter", p, window)
         assert got == fresh_answer(cache, "filter", p, names=window), f"pod {i}"
         if got["NodeNames"]:
-            fresh = ExtenderService(Engine(), ClusterSource(cache, CAT))
+            fresh = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
             fresh.workload = service.workload  # the same learned workload: the same fragmentation scores
             scores = ask(service, "prioritize", p, got["NodeNames"])
             assert scores == ask(fresh, "prioritize", p, got["NodeNames"]), f"pod {i}"
@@ -219,7 +220,7 @@ def test_changing_windows_of_nodes_with_bindings_between_them_get_the_answers_of
 
 def test_a_pod_resolved_like_an_earlier_one_keeps_its_own_name_and_a_changed_spec_is_resolved_anew():
     cache = cluster()
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
     first = service._job(service.engine, pod(spec, name="lora-0"))
     second = service._job(service.engine, pod(spec, name="lora-1"))
@@ -236,7 +237,7 @@ def test_a_node_whose_agent_stopped_is_rejected_as_stale_in_every_window_that_ho
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=400)).strftime("%Y-%m-%dT%H:%M:%SZ")
     cache.apply_node_event("MODIFIED", {"metadata": {"name": "gpu-4090-0", "annotations": {
         "gpuplace.io/inventory": json.dumps({**example_inventory("gpu-4090-0"), "observedAt": old})}}})
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod({"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}, name="lora")
     others = [n for n in NODES if n != "gpu-4090-0"]
     assert "gpu-4090-1" in ask(service, "filter", p, others)["NodeNames"]  # a window without it
@@ -256,7 +257,7 @@ def test_the_filter_body_joined_per_class_is_the_json_of_the_one_built_as_a_dict
     names[:3] = ['gpu-"quoted"', "gpu-back\\slash", "gpu-ünïcode"]
     cache.replace_nodes([node_obj(n, d) for n, d in zip(names, docs)])
     cache.replace_pods([bound(f"held-{i}", n, 7) for i, n in enumerate(names[3:20])])  # some GPUs in use
-    service = ExtenderService(Engine(), ClusterSource(cache, CAT))
+    service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     kinds = set()
     for i, (annotations, resource, gpus, _) in enumerate(POD_MIX):
         for window in (names, names[5:] + names[:5], []):

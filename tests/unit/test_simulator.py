@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.fast.grouped import GroupedEngine
 from scheduler_extender.core.workload import WorkloadTracker
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
@@ -25,7 +25,7 @@ from tests.factories import EXAMPLES, ROOT
 
 FIX = ROOT / "tests" / "fixtures" / "sim"
 CAT = simulation_catalog()
-ENGINE = Engine(catalog=CAT)
+ENGINE = GroupedEngine(catalog=CAT)
 
 
 def node(name, model_id, count, cpu=None, mem=None, nvlink=False):
@@ -550,7 +550,7 @@ def test_gpuplace_in_the_simulator_decides_on_the_grouped_path_the_extender_serv
     def plain(*args, **kwargs):
         raise AssertionError("the simulator took the plain path")
 
-    engine = Engine(catalog=CAT)
+    engine = GroupedEngine(catalog=CAT)
     calls = {"filter_grouped": 0, "score_grouped": 0}
     for name in calls:
         real = getattr(engine, name)
@@ -563,6 +563,6 @@ def test_gpuplace_in_the_simulator_decides_on_the_grouped_path_the_extender_serv
     fleet = mixed_fleet(CAT)
     policy = GpuplacePolicy(engine)
     monkeypatch.setattr(engine, "filter", plain)
-    snaps = run_fill(fleet, [p for p, _ in zip(llm_pods(0), range(150))], policy, Engine(catalog=CAT), [1.0], 0)
+    snaps = run_fill(fleet, [p for p, _ in zip(llm_pods(0), range(150))], policy, GroupedEngine(catalog=CAT), [1.0], 0)
     assert snaps[1.0].placed > 0
     assert calls["filter_grouped"] >= snaps[1.0].placed and calls["score_grouped"] > 0
