@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
-from scheduler_extender.core.equivalence import unit_properties, view_class
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
@@ -303,9 +302,21 @@ def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
 
 # ---- composition ------------------------------------------------------------------------------
 
-UnitVerdicts = dict
-"""A memo for ``filter_node`` (``GroupedEngine.filter_grouped`` (``fast.grouped``) keeps one per job): per node structure
-(``equivalence.view_class``) and resource, the allocation-independent part of the verdict."""
+class UnitVerdicts(Protocol):
+    """A memo ``filter_node`` may be given for the calls of one job (``fast.grouped.UnitVerdicts``
+    is the one the grouped engine keeps): a mapping that also says under which keys to keep what
+    does not depend on the allocation. Its keys are the speed-up layer's business; the filter
+    only promises to store a verdict under the key the memo gives for what it was computed from.
+    """
+
+    def get(self, key: Hashable) -> Any: ...
+    def __setitem__(self, key: Hashable, value: Any) -> None: ...
+
+    def structure_key(self, view: NodeView, resource: str) -> Hashable:
+        """A key equal for views whose devices the filter cannot tell apart."""
+
+    def unit_keys(self, view: NodeView, resource: str) -> Sequence[Hashable]:
+        """Per unit of ``view.units(resource)``, a key equal for units every per-unit criterion treats alike."""
 
 
 def filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | None = None,
@@ -356,7 +367,7 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
     if unit_verdicts is None:
         rejections, eligible_at = _structure_verdict(view, job, None)
     else:
-        key = (view_class(view), resource)
+        key = unit_verdicts.structure_key(view, resource)
         hit = unit_verdicts.get(key)
         if hit is None:
             hit = unit_verdicts[key] = _structure_verdict(view, job, unit_verdicts)
@@ -392,9 +403,8 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
     """What ``filter_node`` decides from the node's devices alone, whatever is allocated: the
     rejections (none: the node can run the pod once enough of its eligible units are free) and
     the positions, in ``view.units(resource)``, of the units eligible for the pod. ``memo``: the
-    job's ``UnitVerdicts``, where each unit's failed criteria are kept per
-    ``equivalence.unit_properties`` (a pod's first request meets the same few GPU models on
-    many node structures)."""
+    job's ``UnitVerdicts``, where each unit's failed criteria are kept under the memo's
+    ``unit_keys`` (a pod's first request meets the same few GPU models on many node structures)."""
     res = _resource_rejection(view, job)
     if res is not None:
         return (res,), ()
@@ -407,7 +417,7 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
 
     failed_by: dict[tuple[str, str], list[Unit]] = {}
     eligible_at: list[int] = []
-    props = unit_properties(view, resource) if memo is not None else ()
+    props = memo.unit_keys(view, resource) if memo is not None else ()
     for i, u in enumerate(units):
         failures = _unit_failures(u, job) if memo is None else _remembered_unit_failures(u, job, props[i], memo)
         for criterion_msg in failures:

@@ -18,10 +18,10 @@ from typing import Any, Hashable, Iterable, Sequence
 from pydantic import BaseModel
 
 from scheduler_extender.core.catalog import Catalog
-from scheduler_extender.core.devices import NodeState
+from scheduler_extender.core.devices import NodeState, NodeView
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.core.equivalence import state_keys
-from scheduler_extender.core.filter import NodeResult, UnitVerdicts, filter_node, inventory_rejection
+from scheduler_extender.fast.equivalence import state_keys, unit_properties, view_class
+from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.score import NodeScore
@@ -29,7 +29,7 @@ from scheduler_extender.core.workload import WorkloadProfile
 
 @dataclass(frozen=True)
 class GroupedResults:
-    """Filter verdicts for many nodes, decided once per equivalence class (``core/equivalence.py``).
+    """Filter verdicts for many nodes, decided once per equivalence class (``fast/equivalence.py``).
 
     Attributes:
         results: one ``NodeResult`` per class, for one node of the class (``results[g].node``; it
@@ -307,6 +307,18 @@ def _job_key(job: Job) -> Hashable | None:
 
 
 
+class UnitVerdicts(dict):
+    """One job's ``filter_node`` memo (``core.filter.UnitVerdicts``): verdicts kept per node
+    structure (``equivalence.view_class``) and resource, and per-unit criteria per unit
+    properties (``equivalence.unit_properties``)."""
+
+    def structure_key(self, view: NodeView, resource: str) -> Hashable:
+        return (view_class(view), resource)
+
+    def unit_keys(self, view: NodeView, resource: str) -> Sequence[Hashable]:
+        return unit_properties(view, resource)
+
+
 class GroupedEngine(Engine):
     """``Engine`` plus the grouped path and its memos (per job: class verdicts and scores). One per
     policy, swapped whole on a reload like ``Engine``; ``serial`` tells engines apart in answer keys."""
@@ -367,10 +379,10 @@ class GroupedEngine(Engine):
         this engine only, so a policy swap (a new engine) starts empty, and a changed node state
         is a new class. ``key`` None: nothing remembered."""
         if key is None:
-            return {}, {}
+            return {}, UnitVerdicts()
         memo = self._memo.get(key)
         if memo is None:
-            memo = self._memo[key] = ({}, {})
+            memo = self._memo[key] = ({}, UnitVerdicts())
             if len(self._memo) > MEMO_JOBS:
                 self._memo.popitem(last=False)
         else:

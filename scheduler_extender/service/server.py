@@ -34,7 +34,7 @@ from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, NodeGroups, as_grouped, decision_job,
                                              group_nodes, named_job)
-from scheduler_extender.core.equivalence import state_key
+from scheduler_extender.fast.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape

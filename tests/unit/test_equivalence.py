@@ -13,7 +13,7 @@ from node_agent.inventory import parse_inventory
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
 from scheduler_extender.fast.grouped import GroupedEngine
-from scheduler_extender.core.equivalence import _unit_properties, state_key
+from scheduler_extender.fast.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.core.workload import DemandShape, WorkloadProfile
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod, with_nvlink_clique
@@ -213,7 +213,7 @@ def _h100_state():
 
 
 def test_every_unit_field_but_the_structural_ones_is_part_of_the_class_key():
-    from scheduler_extender.core.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
+    from scheduler_extender.fast.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
 
     base = _h100_state()
     resource = "nvidia.com/gpu"
