@@ -47,7 +47,8 @@ ROWS: list[tuple[str, list[tuple[str, str, str, int, int, list[tuple[str, str]],
     ("Where pods went and why pods wait", [
         ("Placements by GPU model", "timeseries-stacked", "ops", 8, 8,
          [(f"sum by (model) (rate(gpuplace_extender_placements_total[{RI}]))", "{{model}}")],
-         "Best-scored placement per prioritize call, by catalog model of the GPU the pod would get."),
+         "Best-scored placement per prioritize call (per filter call with extender.filterReturnsBest), "
+         "by catalog model of the GPU the pod would get."),
         ("Placements by size class", "timeseries-stacked", "ops", 8, 8,
          [(f"sum by (size_class) (rate(gpuplace_extender_placements_total[{RI}]))", "{{size_class}}")],
          "Size class the policy assigned to each placed pod."),
