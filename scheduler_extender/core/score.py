@@ -68,6 +68,7 @@ class NodeScore:
     components: Mapping[str, float]  # component -> value in [0, 1], only those that apply
     cost_per_hour: float
     last_resort: bool = False  # scored 0: its GPUs are the class's lastResortModels and others pass
+    value: float = 0.0  # the weighted mean before rounding to kube-scheduler's 0-10 integers, in [0, 1]
 
 
 def placement_cost(units: Sequence[Unit], policy: Policy) -> float:
@@ -220,7 +221,7 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         weights = {k: getattr(w, {"vramFit": "vram_fit"}.get(k, k)) for k in comps}
         total_w = sum(weights.values())
         value = sum(weights[k] * comps[k] for k in comps) / total_w if total_w else 0.0
-        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost))
+        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost, value=value))
     return _last_resort(job, gpu_pods, out)
 
 

@@ -468,8 +468,12 @@ class ExtenderService:
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         per_node = [scored.scores[i] for i in scored.score_of]
-        best = max((sc.score for sc in per_node if sc is not None), default=None)
-        first_best = next((i for i, sc in enumerate(per_node) if sc is not None and sc.score == best), None)
+        # The unrounded value breaks ties of the 0-10 integer (11 levels kube-scheduler accepts):
+        # with no prioritize call, kube-scheduler's own scores would pick among them instead.
+        rank = {id(sc): (sc.score, round(sc.value, 9)) for sc in per_node if sc is not None}
+        top = max(rank.values(), default=None)
+        best = top[0] if top is not None else None
+        first_best = next((i for i, sc in enumerate(per_node) if sc is not None and rank[id(sc)] == top), None)
         if first_best is not None:
             self._count_placement(job, scored.results[scored.score_of[first_best]])
 
@@ -479,11 +483,11 @@ class ExtenderService:
             unresolvable: dict[str, str] = {}
             for name, g, sc in zip(names, grouped.group_of, per_node):
                 r = grouped.results[g]
-                if r.passed and (sc is None or sc.score == best):
+                if r.passed and (sc is None or rank[id(sc)] == top):
                     passing.append(name)
                 elif r.passed:
-                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 and another node {best} "
-                                    "(the extender's filter returns its best-scored nodes only)")
+                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.value:.3f}) and another node "
+                                    f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
                 else:
                     (unresolvable if r.unresolvable else failed)[name] = r.reason
             return dumps(self._result_body(args, passing, failed, unresolvable))

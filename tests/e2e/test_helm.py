@@ -94,8 +94,11 @@ def chart_scheduler(helm_cp, installed):
         return arg
 
     health = free_port()
+    # The chart's extender flags that decide or secure (the rest are ports, probes and log level,
+    # which the harness sets itself).
     local_args = [local(a) for a in ext_args
-                  if a.startswith(("--policy-configmap=", "--tls-")) or a == "--no-requeue-rejected-pods"]
+                  if a.startswith(("--policy-configmap=", "--tls-"))
+                  or a in ("--no-requeue-rejected-pods", "--filter-returns-best")]
     client_dir = files / "etc/kubernetes/gpuplace-scheduler/extender-client"
     # The harness's own probes: the chart's CA and client certificate; the name is checked by
     # kube-scheduler below (tlsConfig.serverName), the harness calls 127.0.0.1.
@@ -282,8 +285,10 @@ def test_install_creates_the_components_with_the_clusters_scheduler_image(helm_c
         "keyFile": "/etc/kubernetes/gpuplace-scheduler/extender-client/tls.key"}
     cfg = chart_scheduler["config"]
     ext = cfg["extenders"][0]
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["nodeCacheCapable"], ext["httpTimeout"]) == \
-        ("filter", "prioritize", True, "5s")
+    # extender.filterReturnsBest (the default): one round trip per pod, /filter passes gpuplace's best nodes
+    assert (ext["filterVerb"], ext.get("prioritizeVerb"), ext["nodeCacheCapable"], ext["httpTimeout"]) == \
+        ("filter", None, True, "5s")
+    assert "--filter-returns-best" in chart_scheduler["extender_args"]
     managed = {r["name"] for r in ext["managedResources"]}
     assert {"nvidia.com/gpu", "amd.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb"} <= managed
     assert cfg["leaderElection"]["leaderElect"] is True
