@@ -14,12 +14,12 @@ fails loudly with the file and field named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node_agent.amdsmi_standin import GPU_BLOCKS, RAS_ERR_STATE, VRAM_TYPE, StandinLibrary
-from node_agent.fake_nvml import FixtureError, read_scenario
+from node_agent.fake_nvml import FixtureError, HexInt, read_scenario
 from node_agent.probing import parse_bus_id
 
 StatusName = Literal[
@@ -70,10 +70,10 @@ class GPUFixture(_Model):
     uuid: str
     bdf: str
     marketName: str = Field(description="ASIC MARKET_NAME.")
-    vendorId: int = 0x1002
-    deviceId: int
-    subsystemId: int = 0
-    revId: int = 0
+    vendorId: HexInt = 0x1002
+    deviceId: HexInt
+    subsystemId: HexInt = 0
+    revId: HexInt = 0
     asicSerial: str = Field(default="", description="ASIC_SERIAL in hex digits, without 0x.")
     oamId: int | None = None
     computeUnits: int | None = Field(default=None, description="NUM_COMPUTE_UNITS; None: not reported.")
@@ -94,11 +94,6 @@ class GPUFixture(_Model):
     xgmiHops: int = Field(default=1, ge=1, description="amd-smi topology NUMBER OF HOPS to those peers.")
     unsupported: list[str] = Field(default_factory=list, description="amdsmi functions that answer NOT_SUPPORTED.")
     errors: dict[str, StatusName] = Field(default_factory=dict, description="amdsmi functions that fail with that status.")
-
-    @field_validator("deviceId", "vendorId", "subsystemId", "revId", mode="before")
-    @classmethod
-    def _hex(cls, value: Any) -> Any:
-        return int(value, 16) if isinstance(value, str) else value
 
     @field_validator("bdf")
     @classmethod

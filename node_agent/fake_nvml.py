@@ -14,10 +14,10 @@ errors, so a typo fails loudly with the file and field named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from node_agent.probing import parse_bus_id
 from node_agent.nvml_standin import StandinLibrary
@@ -34,6 +34,10 @@ ErrorName = Literal[
 
 # ---- fixture schema ---------------------------------------------------------------------------
 
+
+
+HexInt = Annotated[int, BeforeValidator(lambda v: int(v, 16) if isinstance(v, str) else v)]
+"""An integer a scenario may write in hex, as the tools print IDs (``"0x20B510DE"``)."""
 
 class FixtureError(ValueError):
     """A fixture file that cannot be used; the message names the file and the field."""
@@ -113,7 +117,7 @@ class GPUFixture(_Model):
     uuid: str
     name: str
     pciBusId: str
-    pciDeviceId: int
+    pciDeviceId: HexInt
     architecture: Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell", "rubin"]
     computeCapability: str = Field(pattern=r"^\d+\.\d+$")
     memoryTotalMiB: int = Field(gt=0)
@@ -138,11 +142,6 @@ class GPUFixture(_Model):
     handleError: ErrorName | None = None
     unsupported: list[str] = Field(default_factory=list, description="NVML functions that answer NOT_SUPPORTED.")
     errors: dict[str, ErrorName] = Field(default_factory=dict, description="NVML functions that fail with that error.")
-
-    @field_validator("pciDeviceId", mode="before")
-    @classmethod
-    def _hex(cls, value: Any) -> Any:
-        return int(value, 16) if isinstance(value, str) else value
 
     @field_validator("pciBusId")
     @classmethod

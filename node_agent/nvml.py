@@ -623,12 +623,15 @@ class NVMLProbe:
                 infos.append(info)
         return infos
 
-    def mig_devices(self, h: Any, parent_reasons: list[str], instances: dict[int, int] | None = None) -> list[MigDevice]:
+    def mig_devices(self, h: Any, parent_reasons: list[str], instances: dict[int, int] | None = None,
+                    profiles: list[Any] | None = None) -> list[MigDevice]:
         """Every MIG device of a GPU in MIG mode. nvidia-smi: ``-L`` lists them with UUID and
         profile; ``nvidia-smi`` shows memory and SMs. The profile comes from the GPU instance's
         profile id (needs ``nvmlDeviceGetGpuInstanceById``, a privileged call on some drivers),
-        else from matching the device's slice count and memory against the profiles."""
-        profiles = self._gpu_instance_profiles(h)
+        else from matching the device's slice count and memory against the profiles. ``profiles``:
+        the GPU's ``_gpu_instance_profiles`` when already read."""
+        if profiles is None:
+            profiles = self._gpu_instance_profiles(h)
         by_id = {int(p.id): p for p in profiles}
         slots = self.nvml.call("nvmlDeviceGetMaxMigDeviceCount", h) or 0
         not_found = (self.nvml.const("NVML_ERROR_NOT_FOUND", 6), self.nvml.const("NVML_ERROR_INVALID_ARGUMENT", 2))
@@ -639,7 +642,8 @@ class NVMLProbe:
                 continue  # an empty slot
             uuid = self.uuid(mh)
             attrs = self.nvml.call("nvmlDeviceGetAttributes", mh)
-            profile = self._mig_profile(h, mh, attrs, by_id, profiles)
+            gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
+            profile = self._mig_profile(h, gi_id, attrs, by_id, profiles)
             memory = int(attrs.memorySizeMB) if attrs is not None and attrs.memorySizeMB else None
             if memory is None:
                 memory = self.memory_total_mib(mh)
@@ -649,13 +653,12 @@ class NVMLProbe:
                 log.warning("MIG device in slot %d of a GPU could not be read completely (uuid=%s, profile=%s, "
                             "memoryMiB=%s): not published", slot, uuid, profile, memory)
                 continue
-            gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
             if instances is not None and gi_id is not None:
                 instances[int(gi_id)] = len(devices)
             devices.append(MigDevice(uuid=uuid, profile=profile, memoryMiB=memory, multiprocessors=sms))
         return devices
 
-    def parent_memory_mib(self, h: Any) -> int | None:
+    def parent_memory_mib(self, h: Any, profiles: list[Any] | None = None) -> int | None:
         """Memory of a GPU in MIG mode. Unprivileged, NVML refuses the parent's memory query
         (NO_PERMISSION: with MIG on, usage is per GPU instance); then the largest GPU instance
         profile's memory (``7g.80gb``: 80384 MiB on an A100 80GB of 81920), a slight undercount
@@ -663,12 +666,12 @@ class NVMLProbe:
         value = self.memory_total_mib(h, quiet=(self.nvml.const("NVML_ERROR_NO_PERMISSION", 4),))
         if value:
             return value
-        profiles = self._gpu_instance_profiles(h)
+        if profiles is None:
+            profiles = self._gpu_instance_profiles(h)
         return max((int(p.memorySizeMB) for p in profiles), default=None) or None
 
-    def _mig_profile(self, h: Any, mh: Any, attrs: Any, by_id: dict[int, Any], profiles: list[Any]) -> str | None:
+    def _mig_profile(self, h: Any, gi_id: int | None, attrs: Any, by_id: dict[int, Any], profiles: list[Any]) -> str | None:
         gi_profile = None
-        gi_id = self.nvml.call("nvmlDeviceGetGpuInstanceId", mh)
         if gi_id is not None:
             # Privileged; unprivileged containers get NO_PERMISSION, an expected answer here.
             gi = self.nvml.call("nvmlDeviceGetGpuInstanceById", h, gi_id,
@@ -830,7 +833,8 @@ class NVMLProbe:
         cc = self.compute_capability(h)
         f["computeCapability"] = f"{cc[0]}.{cc[1]}" if cc else None
         f["migEnabled"] = self.mig_enabled(h)
-        f["memoryMiB"] = self.parent_memory_mib(h) if f["migEnabled"] else self.memory_total_mib(h)
+        profiles = self._gpu_instance_profiles(h) if f["migEnabled"] else []  # read once for both below
+        f["memoryMiB"] = self.parent_memory_mib(h, profiles) if f["migEnabled"] else self.memory_total_mib(h)
         cores = self.cuda_cores(h)
         f["cudaCores"] = cores
         f["multiprocessors"] = self.multiprocessors(h, cc, cores)
@@ -840,7 +844,7 @@ class NVMLProbe:
         f["numaNode"] = self.numa_node(h, f["pciBusId"])
         raw.reasons.extend(self.health_reasons(h))
         raw.reasons.extend(self.fabric_reasons(h))
-        f["migDevices"] = self.mig_devices(h, raw.reasons, raw.instances) if f["migEnabled"] else []
+        f["migDevices"] = self.mig_devices(h, raw.reasons, raw.instances, profiles) if f["migEnabled"] else []
         raw.links = self.nvlinks(h)
 
 

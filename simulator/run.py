@@ -66,6 +66,7 @@ import numpy as np
 
 from scheduler_extender.core.devices import Unit
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.job import Job
 from simulator.baselines import PlacementPolicy
 from simulator.cluster import Cluster
 from simulator.model import SimNode, SimPod
@@ -113,6 +114,7 @@ class Judge:
     def __init__(self, engine: Engine, nodes: Sequence[SimNode], cluster: Cluster) -> None:
         self.engine = engine
         self.policy = engine.policy
+        self._jobs: dict[tuple, Job] = {}
         self._need: dict[tuple, int | None] = {}
         self._cheaper: dict[tuple, bool] = {}
         # (model id, VRAM bytes, largest node GPU count) of every non-premium model in the fleet
@@ -128,9 +130,16 @@ class Judge:
             best[mid] = (min(mem, u.memory_bytes), max(count, len(units)))
         self._non_premium = best
 
+    def _job(self, pod: SimPod) -> Job:
+        """The engine's job for the pod's kind (signature: what the filter reads)."""
+        job = self._jobs.get(pod.signature)
+        if job is None:
+            job = self._jobs[pod.signature] = self.engine.job(pod.manifest())
+        return job
+
     def need_bytes(self, pod: SimPod) -> int | None:
         if pod.signature not in self._need:
-            job = self.engine.job(pod.manifest())
+            job = self._job(pod)
             self._need[pod.signature] = job.vram.bytes_per_gpu if job.vram else None
         return self._need[pod.signature]
 
@@ -152,7 +161,7 @@ class Judge:
         GPU that gpuplace's filter passes for the pod is free now (asked before the placement)."""
         if not any(self.is_premium(u) for u in units) or not self.fits_cheaper(pod):
             return False
-        job = self.engine.job(pod.manifest())
+        job = self._job(pod)
         for cid in cluster.live_classes(cluster.fits_resources(pod)):
             r = self.engine.filter(job, [cluster.class_state(cid, pod.gpu_milli)], None)[0]
             if r.passed and r.chosen and not any(self.is_premium(u) for u in r.chosen):

@@ -191,7 +191,7 @@ class ClusterCache:
         annotation = (meta.get("annotations") or {}).get(ANNOTATION)
         allocatable = gpu_allocatable(obj)
         host = host_allocatable(obj)
-        mig_strategy = node_mig_strategy(obj)
+        mig_strategy = node_mig_strategy(obj, allocatable)
         gfd = gfd_labels(obj) if annotation is None else ()
         current = self._nodes.get(name)
         if current is not None and current.host != host:

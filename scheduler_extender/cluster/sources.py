@@ -72,7 +72,7 @@ class _AnnotationFallback:
         if text is None and not labels:
             return NodeState(name=name, view=None)
         allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
-        mig_strategy = node_mig_strategy(obj)
+        mig_strategy = node_mig_strategy(obj, allocatable)
         if text is not None and not isinstance(text, str):
             text = str(text)
         key = (content_digest(f"{len(name)}:{name}{text}".encode("utf-8", "surrogatepass")),

@@ -53,20 +53,22 @@ MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 """GPU feature discovery's node label: the MIG strategy the NVIDIA device plugin runs with."""
 
 
-def node_mig_strategy(node: Mapping[str, Any] | None) -> str | None:
+def node_mig_strategy(node: Mapping[str, Any] | None, allocatable: Mapping[str, int] | None = None) -> str | None:
     """How the NVIDIA device plugin exposes MIG devices on this Node, from what the Node shows.
 
     GPU feature discovery's ``nvidia.com/mig.strategy`` label when it is ``none``, ``single`` or
     ``mixed``; else ``mixed`` when ``status.allocatable`` has a ``nvidia.com/mig-*`` resource (only
     that strategy advertises them); else None (unknown: no MIG resource and no label, which is
-    what ``none`` and ``single`` look like alike).
+    what ``none`` and ``single`` look like alike). ``allocatable``: the node's ``gpu_allocatable``
+    when the caller has it already (node events are a hot path).
     """
     meta = (node or {}).get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     label = labels.get(MIG_STRATEGY_LABEL) if isinstance(labels, Mapping) else None
     if label in ("none", "single", "mixed"):
         return str(label)
-    allocatable = gpu_allocatable(node)
+    if allocatable is None:
+        allocatable = gpu_allocatable(node)
     if allocatable and any(name.startswith(MIG_PREFIX) for name in allocatable):
         return "mixed"
     return None

@@ -96,10 +96,6 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     return min(1.0, (used_before + n) / total)
 
 
-def _free_units(state: NodeState, resource: str) -> list[Unit]:
-    return free_units(state.view, state.allocation, resource)
-
-
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
     the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
@@ -138,12 +134,12 @@ _FREE_MODELS = "_gpuplace_free_models"
 
 
 def _free_models(state: NodeState, resource: str) -> tuple[frozenset[str], FreeByModel]:
-    """The UUIDs and the ``free_by_model`` of ``_free_units``, computed once per state and resource
+    """The UUIDs and the ``free_by_model`` of ``devices.free_units``, computed once per state and resource
     (states are immutable and rebuilt on every change; cached beside the fields)."""
     cache = state.__dict__.setdefault(_FREE_MODELS, {})
     hit = cache.get(resource)
     if hit is None:
-        free = _free_units(state, resource)
+        free = free_units(state.view, state.allocation, resource)
         hit = cache[resource] = (frozenset(u.uuid for u in free), free_by_model(free))
     return hit
 
