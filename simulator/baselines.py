@@ -46,7 +46,7 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.fast.grouped import GroupedResults, as_grouped
-from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
 from simulator.cluster import Cluster
@@ -199,7 +199,15 @@ class GpuplacePolicy:
             return None
         if pod.sharing:
             return i, (cluster.best_fit_unit(i, pod.gpu_milli),)
-        return i, verdicts[int(cluster.class_of[i])].chosen
+        cid = int(cluster.class_of[i])
+        chosen = verdicts[cid].chosen
+        state = cluster.class_state(cid, pod.gpu_milli)
+        if any(u.uuid in state.allocation.held for u in chosen):
+            # The grouped filter decided this class through another state of its equivalence class:
+            # as many free devices, alike up to UUIDs, not the same ones. This node's own are the
+            # plain filter's on its state (the devices, not the decision, differ).
+            chosen = filter_node(job, state, self.engine.policy, None).chosen
+        return i, chosen
 
     def reset(self) -> None:
         self.tracker = WorkloadTracker()
