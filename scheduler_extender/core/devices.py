@@ -13,7 +13,6 @@ A ``NodeView`` is built once per inventory (not per request) and is immutable.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -228,16 +227,6 @@ class NodeState:
     cpu_milli_free: int | None = None
     memory_bytes_free: int | None = None
 
-    def with_host(self, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
-        """This state under another node's name and free CPU/memory (``GroupedEngine.score_grouped`` (``fast.grouped``)
-        scores a node on its class's representative this way). Values the decision caches beside
-        the fields (equivalence keys, free-unit lists) depend on neither, so they carry over."""
-        out = NodeState(name, self.view, self.allocation, self.inventory_error, cpu_milli_free, memory_bytes_free)
-        out.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in _NODE_STATE_FIELDS)
-        return out
-
-
-_NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
 
 
 def free_units(view: NodeView | None, allocation: NodeAllocation, resource: str) -> list[Unit]:

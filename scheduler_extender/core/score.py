@@ -96,13 +96,23 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     return min(1.0, (used_before + n) / total)
 
 
-def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:
+FreeModels = tuple[frozenset[str], FreeByModel]
+
+
+def free_models(state: NodeState, resource: str) -> FreeModels:
+    """The UUIDs and the ``free_by_model`` of ``devices.free_units`` of ``resource`` on the node."""
+    free = free_units(state.view, state.allocation, resource)
+    return frozenset(u.uuid for u in free), free_by_model(free)
+
+
+def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
+                        free: FreeModels | None = None) -> float:
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
     the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
     the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
-    both are known."""
+    both are known. ``free``: ``free_models(state, resource)`` when the caller has it already."""
     resource = job.req.resource or ""
-    free_uuids, before = _free_models(state, resource)
+    free_uuids, before = free or free_models(state, resource)
     taken = [u for u in chosen if u.uuid in free_uuids]
     after = free_by_model_minus(before, taken) if taken else before
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
@@ -112,36 +122,24 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
     return workload.fragmentation(resource, after, cpu_after, mem_after) - before_f
 
 
-def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile) -> float:
+def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
+                         free: FreeModels | None = None) -> float:
     """The change in ``WorkloadProfile.host_stranding`` of the node when the pod takes ``chosen``
     and its CPU/memory requests: free devices the node's free CPU or memory could not feed at the
     workload's mean request per device, after minus before; in devices, between -len(chosen) and
-    the free devices left. 0 when the node's CPU and memory are unknown."""
+    the free devices left. 0 when the node's CPU and memory are unknown. ``free`` as in
+    ``fragmentation_delta``."""
     resource = job.req.resource or ""
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     if cpu is None and mem is None:
         return 0.0
-    free_uuids, before = _free_models(state, resource)
+    free_uuids, before = free or free_models(state, resource)
     g_before = sum(n for _, n in before)
     g_after = g_before - sum(1 for u in chosen if u.uuid in free_uuids)
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
     return (workload.host_stranding(resource, g_after, cpu_after, mem_after)
             - workload.host_stranding(resource, g_before, cpu, mem))
-
-
-_FREE_MODELS = "_gpuplace_free_models"
-
-
-def _free_models(state: NodeState, resource: str) -> tuple[frozenset[str], FreeByModel]:
-    """The UUIDs and the ``free_by_model`` of ``devices.free_units``, computed once per state and resource
-    (states are immutable and rebuilt on every change; cached beside the fields)."""
-    cache = state.__dict__.setdefault(_FREE_MODELS, {})
-    hit = cache.get(resource)
-    if hit is None:
-        free = free_units(state.view, state.allocation, resource)
-        hit = cache[resource] = (frozenset(u.uuid for u in free), free_by_model(free))
-    return hit
 
 
 FRAG_SCALE_GPUS = 1.0
@@ -184,8 +182,13 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
     training = job.workload in ("training", "finetune-lora")
     frag: dict[str, float] = {}
     if workload and w.fragmentation > 0 and gpu_pods:
-        frag = fragmentation_values({r.node: fragmentation_delta(job, s, r.chosen, workload)
-                                     + host_stranding_delta(job, s, r.chosen, workload) for s, r in gpu_pods})
+        resource = req.resource or ""
+        deltas = {}
+        for s, r in gpu_pods:
+            free = free_models(s, resource)
+            deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
+                              + host_stranding_delta(job, s, r.chosen, workload, free))
+        frag = fragmentation_values(deltas)
         if len(set(frag.values())) == 1:
             frag = {}  # tells no candidate apart: leave the other components their full say
 

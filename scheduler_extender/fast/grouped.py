@@ -215,6 +215,18 @@ MEMO_SCORES = 256
 """Sets of competing node kinds whose scores an engine remembers (``score_grouped``)."""
 
 
+def with_host(state: NodeState, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
+    """``state`` under another node's name and free CPU/memory (``score_grouped`` scores a node on
+    its class's representative this way). The keys this layer keeps beside a state's fields
+    (``fast.equivalence``) depend on neither, so they carry over."""
+    out = dataclasses.replace(state, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
+    out.__dict__.update((k, v) for k, v in state.__dict__.items() if k not in _NODE_STATE_FIELDS)
+    return out
+
+
+_NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
+
+
 def frozen_value(value: Any) -> Hashable:
     """A hashable value equal exactly when ``value`` is: dataclasses and pydantic models field by
     field (with their type), lists and tuples as tuples, dicts and sets as frozensets."""
@@ -453,7 +465,7 @@ class GroupedEngine(Engine):
             if passed[g]:
                 s = node_states[i]
                 if s.name != r.node:
-                    rep = rep.with_host(s.name, s.cpu_milli_free, s.memory_bytes_free)
+                    rep = with_host(rep, s.name, s.cpu_milli_free, s.memory_bytes_free)
                     r = NodeResult(s.name, True, r.rejections, r.chosen, r.untouched)
                 else:
                     rep = s

@@ -12,7 +12,7 @@ from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
-from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.fast.grouped import GroupedEngine, with_host
 from scheduler_extender.fast.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.core.workload import DemandShape, WorkloadProfile
@@ -194,7 +194,7 @@ def test_free_cpu_and_memory_split_classes_only_for_the_score_and_only_when_frag
 
 def test_a_state_under_another_nodes_name_and_host_keeps_every_other_field():
     state = dataclasses.replace(cluster_states()[0], inventory_error=None, cpu_milli_free=1000, memory_bytes_free=2)
-    moved = state.with_host("elsewhere", 3000, 4)
+    moved = with_host(state, "elsewhere", 3000, 4)
     assert (moved.name, moved.cpu_milli_free, moved.memory_bytes_free) == ("elsewhere", 3000, 4)
     for f in dataclasses.fields(state):
         if f.name not in ("name", "cpu_milli_free", "memory_bytes_free"):
