@@ -14,19 +14,25 @@ import yaml
 from node_agent.version import add_version_argument
 from scheduler_extender.core.catalog import CatalogEntry, UnknownModelError, default_catalog, normalize_token
 from scheduler_extender.core.engine import Decision, Engine
+from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
 from scheduler_extender.service.explain import component_weights, explain_decision
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.tenancy import UNRESTRICTED
 
 
-def _load_pod(path: str) -> dict[str, Any]:
+def _load_pod(path: str) -> Pod:
+    """The first Pod manifest of a YAML file (``-``: stdin). Raises ValueError (also
+    ``PodShapeError``, naming the field), OSError, yaml.YAMLError."""
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     docs = [d for d in yaml.safe_load_all(text) if d]
     pods = [d for d in docs if isinstance(d, dict) and d.get("kind", "Pod") == "Pod"]
     if not pods:
         raise ValueError(f"{path}: no Pod manifest found")
-    return pods[0]
+    try:
+        return as_pod(pods[0])
+    except PodShapeError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def render_decision(decision: Decision, policy: Policy | None = None) -> str:
@@ -121,8 +127,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"gpuplace: cannot read the cluster from {where}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     names = source.node_names()
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
-    decision = engine.decide(pod, source.states(names, None), source.now(), source.namespace_labels(namespace))
+    decision = engine.decide(pod, source.states(names, None), source.now(), source.namespace_labels(pod.namespace))
     if args.json:
         print(json.dumps(explain_decision(decision, policy), indent=2))
     else:

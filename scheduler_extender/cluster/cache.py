@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -30,7 +31,10 @@ from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_a
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
+from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import pod_gpu_requests, pod_host_requests
+
+log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 CHANGE_LOG_SIZE = 100_000
@@ -252,12 +256,12 @@ class ClusterCache:
             self._host_by_node.get(old[0], set()).discard(uid)
             self._states.pop(old[0], None)
 
-    def _set_host_pod(self, uid: str, node: str | None, live: bool, obj: Mapping[str, Any]) -> None:
+    def _set_host_pod(self, uid: str, node: str | None, live: bool, pod: Pod) -> None:
         """Track the CPU/memory requests of every pod bound to a node (GPU or not)."""
         if not node or not live:
             self._remove_host_pod(uid)
             return
-        entry = (node, *pod_host_requests(obj))
+        entry = (node, *pod_host_requests(pod))
         if self._host_pods.get(uid) == entry:
             return
         self._remove_host_pod(uid)
@@ -266,20 +270,22 @@ class ClusterCache:
         self._states.pop(node, None)
 
     def _set_pod(self, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-        node = (obj.get("spec") or {}).get("nodeName")
-        phase = (obj.get("status") or {}).get("phase")
-        self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, obj)
-        requests, _ = pod_gpu_requests(obj)
+        try:
+            pod = as_pod(obj)
+        except PodShapeError as e:  # not from an API server; nothing to count
+            log.warning("pod event ignored: %s", e)
+            return
+        uid, node, phase = pod.key, pod.spec.node_name, pod.status.phase
+        self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, pod)
+        requests, _ = pod_gpu_requests(pod)
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
             return
-        pod = _Pod(f"{meta.get('namespace', 'default')}/{meta.get('name')}", node, requests)
-        if self._pods.get(uid) == pod:
+        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests)
+        if self._pods.get(uid) == entry:
             return
         self._remove_pod(uid)
-        self._pods[uid] = pod
+        self._pods[uid] = entry
         self._pods_by_node.setdefault(node, set()).add(uid)
         self._invalidate(node)
 
@@ -287,8 +293,10 @@ class ClusterCache:
         with self._lock:
             self.stats.pod_events += 1
             if event_type == "DELETED":
-                meta = obj.get("metadata") or {}
-                uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+                try:
+                    uid = as_pod(obj).key
+                except PodShapeError:
+                    return  # never tracked (_set_pod ignores such objects)
                 self._remove_pod(uid)
                 self._remove_host_pod(uid)
             else:

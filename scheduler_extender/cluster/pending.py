@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from scheduler_extender.cluster.cache import CacheStats
+from scheduler_extender.core.pod import PodShapeError, as_pod
 from scheduler_extender.core.requirements import pod_gpu_requests
 
 PENDING_FIELD_SELECTOR = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -48,27 +49,28 @@ class PendingGpuPods:
         self.nodes_synced = True  # not ours; ResourceWatcher only touches pods_synced for pods
         self.stats = CacheStats()
 
-    @staticmethod
-    def _key(meta: Mapping[str, Any]) -> str:
-        return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-
     def _set(self, obj: Mapping[str, Any]) -> bool:
         """Track ``obj``; True when it is a waiting GPU pod not tracked before."""
-        meta = obj.get("metadata") or {}
-        requests, _ = pod_gpu_requests(obj)
-        if (obj.get("spec") or {}).get("nodeName") or not requests:
-            self._pods.pop(self._key(meta), None)
+        try:
+            pod = as_pod(obj)
+        except PodShapeError:
+            return False  # not from an API server: nothing to track
+        requests, _ = pod_gpu_requests(pod)
+        if pod.spec.node_name or not requests:
+            self._pods.pop(pod.key, None)
             return False
-        key = self._key(meta)
-        new = key not in self._pods
-        self._pods[key] = PendingPod(requests, _created(meta))
+        new = pod.key not in self._pods
+        self._pods[pod.key] = PendingPod(requests, _created(obj.get("metadata") or {}))
         return new
 
     def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
             self.stats.pod_events += 1
             if event_type == "DELETED":
-                self._pods.pop(self._key(obj.get("metadata") or {}), None)
+                try:
+                    self._pods.pop(as_pod(obj).key, None)
+                except PodShapeError:
+                    pass  # never tracked
                 return
             new = self._set(obj)
         if new and self._on_new is not None:
@@ -78,7 +80,7 @@ class PendingGpuPods:
         with self._lock:
             before = set(self._pods)
             self._pods.clear()
-            fresh = [obj for obj in objs if self._set(obj) and self._key(obj.get("metadata") or {}) not in before]
+            fresh = [obj for obj in objs if self._set(obj) and as_pod(obj).key not in before]
             self.pods_synced = True
         if self._on_new is not None:
             for obj in fresh:

@@ -38,8 +38,9 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Container, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Container, Sequence
 
+from scheduler_extender.core.pod import Pod
 from scheduler_extender.fast.grouped import decision_job
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Rejection:
     uid: str
     namespace: str
     name: str
-    pod: Mapping[str, Any]  # metadata (without managedFields) and spec: re-resolved after a policy reload
+    pod: Pod  # what resolving it reads: re-resolved after a policy reload
     generation: int  # the source's change-log generation the answer was decided at (or later)
     engine_serial: int  # the policy (``Engine.serial``) it was decided under
     at: float  # monotonic seconds of the answer
@@ -98,13 +99,6 @@ class _History:
     not_before: float = 0.0
     triggers: frozenset[str] = frozenset()
     excluded: frozenset[str] = frozenset()
-
-
-def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What resolving the pod reads (metadata, spec): kept instead of the whole object, whose
-    ``managedFields`` and status can be larger than the rest."""
-    meta = pod.get("metadata") or {}
-    return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "spec": pod.get("spec")}
 
 
 class Requeuer:
@@ -135,16 +129,15 @@ class Requeuer:
     def __len__(self) -> int:
         return len(self._pods)
 
-    def observe(self, job: Job, pod: Any, names: Sequence[str], results: list[NodeResult], passing: int,
+    def observe(self, job: Job, pod: Pod, names: Sequence[str], results: list[NodeResult], passing: int,
                 generation: int, engine_serial: int) -> None:
         """Note one filter answer for ``names``, decided at ``generation`` under the policy of
         ``engine_serial`` (both read before deciding): remember the pod if no node passed for
         reasons a change of the extender's view could lift; forget it otherwise (a node passed, it
         asks for no GPU, or its annotations are invalid: only an edit of the pod fixes those, and
         that is an event)."""
-        meta = pod.get("metadata") if isinstance(pod, dict) else None
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        if not isinstance(uid, str) or not uid:
+        uid = pod.uid
+        if not uid:
             return
         forget = bool(passing or job.errors or not results or all(r.untouched for r in results))
         with self._lock:
@@ -158,8 +151,7 @@ class Requeuer:
                     sent: Container[str] = set(names) if len(suspects) > 8 else names
                     excluded = h.excluded = frozenset(n for n in suspects if n not in sent)
                     h.triggers = frozenset()
-                self._pods[uid] = Rejection(uid, str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
-                                            _slim(pod), generation, engine_serial, self._clock(), excluded)
+                self._pods[uid] = Rejection(uid, pod.namespace, pod.name, pod, generation, engine_serial, self._clock(), excluded)
                 self._pods.move_to_end(uid)
                 while len(self._pods) > self._max_pods:
                     self._pods.popitem(last=False)

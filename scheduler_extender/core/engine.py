@@ -16,6 +16,7 @@ from scheduler_extender.core.catalog import Catalog, default_catalog
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job, resolve_job
+from scheduler_extender.core.pod import Pod
 from scheduler_extender.core.policy import Policy, default_policy
 from scheduler_extender.core.score import NodeScore, score_nodes
 from scheduler_extender.core.workload import WorkloadProfile
@@ -59,8 +60,9 @@ class Engine:
         self.policy = policy or default_policy()
         self.catalog = catalog or default_catalog()
 
-    def job(self, pod: Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
-        """The pod resolved against this engine's policy; ``namespace_labels`` None: unknown."""
+    def job(self, pod: Pod | Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
+        """The pod (a ``core.pod.Pod`` or a decoded v1.Pod) resolved against this engine's policy;
+        ``namespace_labels`` None: unknown."""
         return resolve_job(pod, self.policy, self.catalog, namespace_labels)
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
@@ -73,7 +75,7 @@ class Engine:
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
         return {s.node: s for s in score_nodes(job, passed, self.policy, workload)}
 
-    def decide(self, pod: Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
+    def decide(self, pod: Pod | Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
                namespace_labels: Mapping[str, str] | None = None,
                workload: WorkloadProfile | None = None) -> Decision:
         job = self.job(pod, namespace_labels)

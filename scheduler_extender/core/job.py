@@ -9,6 +9,7 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.estimate import VramEstimate, estimate_vram
 from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod, pod_host_requests
 from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
 
@@ -78,14 +79,20 @@ def tenant_denial(req: JobRequirements, size_class: SizeClass, class_reason: str
     return None
 
 
-def resolve_job(pod: Mapping[str, Any], policy: Policy, catalog: Catalog,
+def resolve_job(pod: Pod | Mapping[str, Any], policy: Policy, catalog: Catalog,
                 namespace_labels: Mapping[str, str] | None = None) -> Job:
-    """Parse a pod and resolve it against the policy. Never raises for bad pod content.
+    """Parse a pod (a ``core.pod.Pod``, or a decoded ``v1.Pod``: ``as_pod``) and resolve it
+    against the policy. Never raises for bad pod content: a field of the wrong type is the job's
+    error, naming the field.
 
     ``namespace_labels`` are the labels of the pod's namespace, for tenants that select
     namespaces by label; None when unknown (see ``core.tenancy``).
     """
     class_names = tuple(c.name for c in policy.classes)
+    try:
+        pod = as_pod(pod)
+    except PodShapeError:
+        pass  # parse_pod reports it
     req = parse_pod(pod, catalog, class_names)
     workload = req.workload or (policy.defaults.workload if req.params is not None else None)
     vram: VramEstimate | None = None

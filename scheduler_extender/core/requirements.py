@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from scheduler_extender.core.catalog import Catalog, UnknownModelError
+from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
 
 PREFIX = "gpuplace.io/"
@@ -185,34 +186,27 @@ class JobRequirements:
         return max(needs) if needs else None
 
 
-def _container_requests(containers: Any) -> list[dict[str, Any]]:
-    out = []
-    for c in containers or []:
-        if not isinstance(c, Mapping):
-            continue
-        res = c.get("resources") or {}
-        req = dict(res.get("limits") or {})
-        req.update(res.get("requests") or {})  # requests win where both are set; equal for extended resources
-        out.append(req)
-    return out
-
-
 def _is_gpu_resource(name: str) -> bool:
     return name in (NVIDIA_GPU, AMD_GPU) or name.startswith(MIG_PREFIX)
 
 
-def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[AnnotationError]]:
+def pod_gpu_requests(pod: Pod | Mapping[str, Any]) -> tuple[dict[str, int], list[AnnotationError]]:
     """GPU resources a pod requests: ``{resource: count}``, as kube-scheduler computes it.
 
     Effective request = max(sum over containers, max over init containers) (Kubernetes
     "Resource sharing within containers"); extended resources come from requests, else limits.
+    A decoded pod whose fields have the wrong type requests nothing, with that error.
     """
-    spec = pod.get("spec") or {}
+    try:
+        pod = as_pod(pod)
+    except PodShapeError as e:
+        return {}, [AnnotationError(e.field, e.message)]
     errors: list[AnnotationError] = []
     totals: dict[str, int] = {}
     init_max: dict[str, int] = {}
-    for group, combine in ((spec.get("containers"), "sum"), (spec.get("initContainers"), "max")):
-        for req in _container_requests(group):
+    containers, init = pod.container_requests()
+    for group, combine in ((containers, "sum"), (init, "max")):
+        for req in group:
             for name, value in req.items():
                 if not _is_gpu_resource(name):
                     continue
@@ -230,18 +224,23 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> tuple[dict[str, int], list[Annot
     return {k: v for k, v in totals.items() if v > 0}, errors
 
 
-def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int | None, int | None]:
+def pod_host_requests(pod: Pod | Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(CPU millicores, memory bytes) a pod requests, as kube-scheduler's NodeResourcesFit counts
     them (max(sum over containers, max over init containers)); None where no container requests
-    it or a value is not a quantity (unknown, never 0)."""
-    spec = pod.get("spec") or {}
+    it or a value is not a quantity, or the decoded pod's fields have the wrong type (unknown,
+    never 0)."""
+    try:
+        pod = as_pod(pod)
+    except PodShapeError:
+        return None, None
+    containers, init = pod.container_requests()
     out: list[int | None] = []
     for name, scale in (("cpu", 1000), ("memory", 1)):
         total: int | None = None
         init_max: int | None = None
         bad = False
-        for group, combine in ((spec.get("containers"), "sum"), (spec.get("initContainers"), "max")):
-            for req in _container_requests(group):
+        for group, combine in ((containers, "sum"), (init, "max")):
+            for req in group:
                 if name not in req:
                     continue
                 try:
@@ -324,22 +323,24 @@ def _constraints(annotations: Mapping[str, str], key: str, errors: list[Annotati
     return frozenset(tokens)
 
 
-def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, ...] = ()) -> JobRequirements:
+def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple[str, ...] = ()) -> JobRequirements:
     """Read a pod's GPU request and annotations.
 
     Args:
-        pod: a ``v1.Pod`` as decoded JSON (metadata, spec).
+        pod: a ``core.pod.Pod``, or a ``v1.Pod`` as decoded JSON (validated by ``as_pod``; a field
+            of the wrong type is the requirements' one error, naming the field).
         catalog: resolves ``gpu-models`` tokens to catalog ids.
         class_names: the policy's class names, for ``gpuplace.io/class``.
 
     Returns:
         The requirements; ``errors`` lists every unusable field (never raises for bad input).
     """
-    meta = pod.get("metadata") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        annotations = {}
-    ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(PREFIX)}
+    try:
+        pod = as_pod(pod)
+    except PodShapeError as e:
+        return JobRequirements(namespace="default", name="", resource=None, gpu_count=0,
+                               errors=(AnnotationError(e.field, e.message),))
+    ours = {k: v for k, v in pod.annotations.items() if k.startswith(PREFIX)}
     # A misspelt key (gpuplace.io/vrma) would silently drop the user's constraint: refuse it.
     errors: list[AnnotationError] = _unknown_keys(list(ours))
     for key in [k for k, v in ours.items() if len(str(v)) > MAX_VALUE_CHARS]:
@@ -416,8 +417,8 @@ def parse_pod(pod: Mapping[str, Any], catalog: Catalog, class_names: tuple[str, 
             errors.append(AnnotationError(A_CLASS, f"{shown(value)} is not a class of the policy; use one of {', '.join(class_names)}"))
 
     return JobRequirements(
-        namespace=str(meta.get("namespace") or "default"),
-        name=str(meta.get("name") or ""),
+        namespace=pod.namespace,
+        name=pod.name,
         resource=resource,
         gpu_count=count,
         mig_profile=mig_profile,

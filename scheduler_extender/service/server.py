@@ -37,10 +37,11 @@ from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, Node
 from scheduler_extender.fast.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
-from scheduler_extender.fast.memo import BoundedMemo, content_digest
+from scheduler_extender.fast.memo import BoundedMemo
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource
@@ -49,13 +50,16 @@ from scheduler_extender.service.wire import ExtenderArgs, WireError, dumps, pars
 log = logging.getLogger(__name__)
 
 MAX_JOBS = 256
-"""Resolved pods remembered by content (namespace, annotations, spec, namespace labels, policy)."""
+"""Resolved pods remembered by content (namespace, annotations, container resources, namespace labels, policy)."""
 
 MAX_JOB_BYTES = 16 * 2**20
 """... and the bytes they may keep alive: a job keeps at most the strings of its pod (charged at
-the pod's JSON size) and reasons cut to a bounded length (``JOB_OVERHEAD_BYTES``)."""
+``Pod.content_key``'s size) and reasons cut to a bounded length (``JOB_OVERHEAD_BYTES``)."""
 
 JOB_OVERHEAD_BYTES = 4096
+
+_IGNORED_ANNOTATIONS = frozenset({REQUEUE_ANNOTATION})
+"""Left out of a pod's job key: the extender's own requeue mark changes nothing the pod asks for."""
 
 MAX_ANSWERS = 64
 """Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
@@ -198,21 +202,20 @@ class ExtenderService:
     def engine(self, engine: Engine) -> None:
         self._engine = as_grouped(engine)
 
-    def _learn(self, job: Any, pod: Any) -> None:
+    def _learn(self, job: Any, pod: Pod) -> None:
         shape = demand_shape(job)
         if shape is None:
             return
-        meta = pod.get("metadata") if isinstance(pod, dict) else None
-        uid = meta.get("uid") if isinstance(meta, dict) else None
         with self._workload_lock:
-            self.workload.observe(shape, str(uid) if uid else None)
+            self.workload.observe(shape, pod.uid)
 
-    def observe_pod(self, pod: Any) -> None:
-        """Count ``pod`` (a v1.Pod from the API server: the pending-pods watch) in the learned
+    def observe_pod(self, obj: Any) -> None:
+        """Count ``obj`` (a v1.Pod from the API server: the pending-pods watch) in the learned
         workload, once per uid; for cluster mode, where requests do not count
         (``learn_from_requests`` False). Never raises: a pod the policy cannot resolve counts as
         nothing (``demand_shape`` None)."""
         try:
+            pod = as_pod(obj)
             self._learn(self._job(self.engine, pod), pod)
         except Exception:  # noqa: BLE001 - the watch thread must go on whatever one pod holds
             log.exception("learning the workload from a pod failed")
@@ -349,43 +352,30 @@ class ExtenderService:
         results = grouped.results
         return [n for n, g in zip(names, grouped.group_of) if results[g].passed and not results[g].untouched]
 
-    def _job(self, engine: Engine, pod: Any) -> Job:
+    def _job(self, engine: Engine, pod: Pod) -> Job:
         """``engine.job`` for ``pod``, shared by pods with the same content (a controller's burst;
         the same pod sent to filter and then to prioritize): a pod is resolved from its
-        namespace, name, annotations and spec, its namespace's labels and the policy
-        (``core.job.resolve_job``), and the name is set apart (``engine.named_job``), so the memo
-        is keyed by a digest of the rest. Nothing a request claims about a pod's identity (uid,
-        resourceVersion) is part of the key: a request forged with another pod's uid gets its
-        own content's job and cannot change what that pod gets."""
+        namespace, name, annotations and container resources, its namespace's labels and the
+        policy (``core.job.resolve_job``), and the name is set apart (``named_job``), so the memo
+        is keyed by the rest (``Pod.content_key``). Nothing a request claims about a pod's
+        identity (uid, resourceVersion) is part of the key: a request forged with another pod's
+        uid gets its own content's job and cannot change what that pod gets. The extender's own
+        requeue mark changes nothing the pod asks for, so it is left out: the pod shares the job
+        of its siblings."""
         labels = self.namespace_labels_of(pod)
-        meta = pod.get("metadata") if isinstance(pod, dict) else None
-        if not isinstance(meta, dict):
-            return engine.job(pod, labels)
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict) and REQUEUE_ANNOTATION in annotations:
-            # the extender's own mark changes nothing the pod asks for: share the job of its siblings
-            annotations = {k: v for k, v in annotations.items() if k != REQUEUE_ANNOTATION}
-        try:
-            content = orjson.dumps([meta.get("namespace"), annotations, pod.get("spec")],
-                                   option=orjson.OPT_SORT_KEYS)
-        except TypeError:  # orjson.JSONEncodeError: a value JSON cannot hold; resolve it directly
-            return engine.job(pod, labels)
-        key = (engine.serial, content_digest(content), frozenset(labels.items()) if labels is not None else None)
+        content, size = pod.content_key(_IGNORED_ANNOTATIONS)
+        key = (engine.serial, content, frozenset(labels.items()) if labels is not None else None)
         decision = self._specs.get(key)
         if decision is not None:
-            return named_job(decision, str(meta.get("name") or ""))
+            return named_job(decision, pod.name)
         job = engine.job(pod, labels)
-        self._specs.put(key, decision_job(job), len(content) + JOB_OVERHEAD_BYTES)
+        self._specs.put(key, decision_job(job), size + JOB_OVERHEAD_BYTES)
         return job
 
-    def namespace_labels_of(self, pod: Any) -> Any:
+    def namespace_labels_of(self, pod: Pod) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
         lookup = getattr(self.source, "namespace_labels", None)
-        if lookup is None:
-            return None
-        meta = pod.get("metadata") if isinstance(pod, dict) else None
-        namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
-        return lookup(str(namespace))
+        return None if lookup is None else lookup(pod.namespace)
 
     def _answer(self, verb: Hashable, grouped: GroupedResults, build: Callable[[], bytes]) -> bytes:
         """The JSON body ``build()`` gives, remembered under the results' ``answer_key``: the same
@@ -600,23 +590,27 @@ class ExtenderService:
                             lambda: dumps([{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)]))
 
 
-def parse_pod_body(body: bytes) -> dict[str, Any]:
-    """The body of ``POST /explain``: one v1.Pod as JSON.
+def parse_pod_body(body: bytes) -> Pod:
+    """The body of ``POST /explain``: one v1.Pod as JSON, as the decision's ``core.pod.Pod``.
 
     Raises:
-        WireError: not JSON, or not an object with ``metadata`` and ``spec`` mappings.
+        WireError: not JSON, not an object with ``metadata`` and ``spec`` mappings, or a field the
+            extender reads of the wrong type (the message names it).
     """
     try:
-        pod = orjson.loads(body)
+        obj = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise WireError(f"POST /explain: body is not JSON: {e}") from None
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict) or not isinstance(pod.get("spec"), dict):
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict) or not isinstance(obj.get("spec"), dict):
         raise WireError("POST /explain: expected a Pod object (JSON with metadata and spec mappings)")
-    return pod
+    try:
+        return as_pod(obj)
+    except PodShapeError as e:
+        raise WireError(f"POST /explain: {e}") from None
 
 
-def explain_pod(service: ExtenderService, pod: dict[str, Any]) -> dict[str, Any]:
-    """``POST /explain``: the decision for ``pod`` (a v1.Pod) over every node the source knows."""
+def explain_pod(service: ExtenderService, pod: Pod) -> dict[str, Any]:
+    """``POST /explain``: the decision for ``pod`` over every node the source knows."""
     engine = service.engine
     names = service.source.node_names()
     decision = engine.decide(pod, service.source.states(names, None), service.source.now(),

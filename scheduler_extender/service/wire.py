@@ -14,56 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from typing import Annotated
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+from scheduler_extender.core.pod import ObjectMeta, Pod as DecisionPod, Quantity
 
-# The fields of v1.Pod and v1.Node the extender reads, with their API types, so that a body whose
-# Pod or Node has, say, a list for metadata or a number for an annotation is a 400 naming the
-# field, not a crash further in. Every other field is ignored, as kube-scheduler sends whole objects.
-
-
-def _quantity_type(value: Any) -> Any:
-    # resource.Quantity is a string on the wire; numbers come from hand-made bodies. Whether the
-    # text is a valid quantity is for the parser to say (with the pod's field in the reason).
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError("a quantity must be a string such as '1' or '40Gi'")
-    return value
-
-
-Quantity = Annotated[Any, BeforeValidator(_quantity_type)]
+# The fields of v1.Node the extender reads, with their API types, so that a body whose Node has,
+# say, a list for metadata is a 400 naming the field, not a crash further in; the Pod is validated
+# into the decision's own model (``core.pod.Pod``) the same way. Every other field is ignored, as
+# kube-scheduler sends whole objects.
 
 
 class _Shape(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-class ObjectMeta(_Shape):
-    name: StrictStr | None = None
-    namespace: StrictStr | None = None
-    uid: StrictStr | None = None
-    annotations: dict[str, StrictStr] | None = None
-    labels: dict[str, StrictStr] | None = None
-
-
-class ResourceRequirements(_Shape):
-    limits: dict[str, Quantity] | None = None
-    requests: dict[str, Quantity] | None = None
-
-
-class Container(_Shape):
-    resources: ResourceRequirements | None = None
-
-
-class PodSpec(_Shape):
-    containers: list[Container] | None = None
-    init_containers: list[Container] | None = Field(default=None, alias="initContainers")
-    node_name: StrictStr | None = Field(default=None, alias="nodeName")
-
-
-class PodFields(_Shape):
-    metadata: ObjectMeta | None = None
-    spec: PodSpec | None = None
 
 
 class NodeStatus(_Shape):
@@ -84,7 +46,7 @@ class ExtenderArgs(BaseModel):
     """Body of ``POST /filter`` and ``POST /prioritize``."""
 
     model_config = ConfigDict(extra="ignore")
-    Pod: dict[str, Any]
+    Pod: DecisionPod
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
 
@@ -125,7 +87,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
         WireError: not JSON, not an object, no ``Pod``, neither ``Nodes`` nor ``NodeNames``, or
             a field of the wrong type (also a field of the Pod or a Node that the extender reads:
             metadata, annotations, labels, container resources, allocatable); the message
-            names the field.
+            names the field. The Pod comes back as the decision's ``core.pod.Pod``.
     """
     try:
         raw = orjson.loads(body)
@@ -142,8 +104,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
         args = ExtenderArgs.model_validate(data)
     except ValidationError as e:
         raise WireError(_first_error(e)) from e
-    # The objects are kept as sent; only the fields the extender reads are type-checked.
-    _check_fields(PodFields, args.Pod, "Pod")
+    # The nodes are kept as sent; only the fields the extender reads are type-checked.
     for i, item in enumerate(args.Nodes.items if args.Nodes is not None else ()):
         _check_fields(NodeFields, item, f"Nodes.items.{i}")
     return args

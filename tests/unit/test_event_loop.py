@@ -31,7 +31,7 @@ class StuckService(ExtenderService):
         self.release = threading.Event()
 
     def filter_response(self, args):  # type: ignore[override]
-        if args.Pod["metadata"]["name"] == "stuck":
+        if args.Pod.name == "stuck":
             self.entered.set()
             assert self.release.wait(60), "the test never released the stuck request"
         return super().filter_response(args)

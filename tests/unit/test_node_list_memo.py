@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from scheduler_extender.core.pod import as_pod
 from scheduler_extender.cluster.cache import CHANGE_LOG_SIZE, ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.fast.grouped import GroupedEngine
@@ -222,13 +223,13 @@ def test_a_pod_resolved_like_an_earlier_one_keeps_its_own_name_and_a_changed_spe
     cache = cluster()
     service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     spec = {"gpuplace.io/model-params": "7B", "gpuplace.io/workload": "finetune-lora"}
-    first = service._job(service.engine, pod(spec, name="lora-0"))
-    second = service._job(service.engine, pod(spec, name="lora-1"))
+    first = service._job(service.engine, as_pod(pod(spec, name="lora-0")))
+    second = service._job(service.engine, as_pod(pod(spec, name="lora-1")))
     assert (first.req.name, second.req.name) == ("lora-0", "lora-1")
     assert second == service.engine.job(pod(spec, name="lora-1"))
-    other = service._job(service.engine, pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2"))
+    other = service._job(service.engine, as_pod(pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2")))
     assert other == service.engine.job(pod({**spec, "gpuplace.io/model-params": "13B"}, name="lora-2"))
-    elsewhere = service._job(service.engine, pod(spec, name="lora-3", namespace="team-b"))
+    elsewhere = service._job(service.engine, as_pod(pod(spec, name="lora-3", namespace="team-b")))
     assert elsewhere.req.namespace == "team-b"
 
 

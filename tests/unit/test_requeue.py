@@ -7,6 +7,7 @@ import json
 
 from prometheus_client import CollectorRegistry
 
+from scheduler_extender.core.pod import as_pod
 from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
@@ -235,7 +236,7 @@ def test_a_requeued_pod_shares_the_decision_of_its_unmarked_siblings():
     marked["metadata"]["annotations"][REQUEUE_ANNOTATION] = "2026-11-21T15:00:00Z"
     engine = s.service.engine
     from scheduler_extender.fast.grouped import decision_job
-    assert decision_job(s.service.job_for(engine, pod(name="a"))) is decision_job(s.service.job_for(engine, marked))
+    assert decision_job(s.service.job_for(engine, as_pod(pod(name="a")))) is decision_job(s.service.job_for(engine, as_pod(marked)))
 
 
 def test_the_loop_patches_due_pods_off_the_event_loop_and_keeps_going_after_a_failed_check():
@@ -306,7 +307,7 @@ def test_a_pod_whose_check_raises_is_kept_and_the_others_are_still_requeued():
     job_for = s.service.job_for
 
     def failing_for_a(engine, p):
-        if p["metadata"]["name"] == "a":
+        if p.name == "a":
             raise ValueError("broken pod")
         return job_for(engine, p)
 

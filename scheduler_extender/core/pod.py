@@ -1,0 +1,146 @@
+"""The pod as the decision reads it: one typed value, validated once where a pod enters.
+
+``Pod`` holds the fields of a ``v1.Pod`` the extender reads, with their API types (metadata's
+name, namespace, uid, annotations; each container's and init container's resources; the node
+name); every other field is ignored, as kube-scheduler and the API server send whole objects. The
+wire layer validates a request's ``Pod`` straight into it (a wrong type is a 400 naming the field);
+pods from the API server or a file go through ``as_pod``. This module is the one place for the
+pod's shape: the rest of the decision reads typed fields, never ``pod.get("metadata")``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Hashable, Mapping
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+
+def _quantity_type(value: Any) -> Any:
+    # resource.Quantity is a string on the wire; numbers come from hand-made bodies. Whether the
+    # text is a valid quantity is for the parser to say (with the pod's field in the reason).
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("a quantity must be a string such as '1' or '40Gi'")
+    return value
+
+
+Quantity = Annotated[Any, BeforeValidator(_quantity_type)]
+"""A ``resource.Quantity`` as sent: a string, or a number in a hand-made body (not yet parsed)."""
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class ObjectMeta(_Shape):
+    name: StrictStr | None = None
+    namespace: StrictStr | None = None
+    uid: StrictStr | None = None
+    annotations: dict[str, StrictStr] | None = None
+    labels: dict[str, StrictStr] | None = None
+
+
+class ResourceRequirements(_Shape):
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+
+    def merged(self) -> dict[str, Any]:
+        """Limits overlaid with requests (requests win where both are set; the API server sets an
+        extended resource's request equal to its limit, and a missing request to the limit)."""
+        out = dict(self.limits or {})
+        out.update(self.requests or {})
+        return out
+
+
+class Container(_Shape):
+    resources: ResourceRequirements | None = None
+
+
+class PodSpec(_Shape):
+    containers: list[Container] | None = None
+    init_containers: list[Container] | None = Field(default=None, alias="initContainers")
+    node_name: StrictStr | None = Field(default=None, alias="nodeName")
+
+
+class PodStatus(_Shape):
+    phase: StrictStr | None = None
+
+
+class Pod(_Shape):
+    """A ``v1.Pod`` as far as the decision and the cluster cache read it (immutable)."""
+
+    metadata: ObjectMeta = ObjectMeta()
+    spec: PodSpec = PodSpec()
+    status: PodStatus = PodStatus()
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name or ""
+
+    @property
+    def namespace(self) -> str:
+        """The pod's namespace; ``default`` when the object names none (as the API server defaults it)."""
+        return self.metadata.namespace or "default"
+
+    @property
+    def uid(self) -> str | None:
+        return self.metadata.uid or None
+
+    @property
+    def key(self) -> str:
+        """The uid, else ``namespace/name`` (a hand-made object without one)."""
+        return self.metadata.uid or f"{self.namespace}/{self.name}"
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.metadata.annotations or {}
+
+    def container_requests(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(containers, init containers): each one's resources, requests over limits (``merged``)."""
+        spec = self.spec
+        return ([c.resources.merged() if c.resources else {} for c in spec.containers or ()],
+                [c.resources.merged() if c.resources else {} for c in spec.init_containers or ()])
+
+    def content_key(self, ignored_annotations: frozenset[str] = frozenset()) -> tuple[Hashable, int]:
+        """What resolving the pod reads but its name and uid, as a hashable value, and about how
+        many bytes that value holds (for a memo's byte budget: the characters, plus
+        ``KEY_ITEM_BYTES`` per string and tuple). Two pods with the same key resolve alike; nothing
+        a request claims about a pod's identity (uid) is in it."""
+        annotations = tuple(sorted((k, v) for k, v in self.annotations.items() if k not in ignored_annotations))
+        containers, init = self.container_requests()
+        resources = tuple(tuple(tuple(sorted((k, str(v)) for k, v in c.items())) for c in group)
+                          for group in (containers, init))
+        pairs = [*annotations, *(kv for group in resources for c in group for kv in c)]
+        size = len(self.namespace) + sum(len(k) + len(v) + 3 * KEY_ITEM_BYTES for k, v in pairs)
+        return (self.namespace, annotations, resources), size + KEY_ITEM_BYTES * (len(containers) + len(init) + 4)
+
+
+KEY_ITEM_BYTES = 64
+"""What CPython spends on one small string or tuple beside its characters (``sys.getsizeof('')``
+is 49, of a pair 56), rounded up."""
+
+
+class PodShapeError(ValueError):
+    """A pod object whose fields the extender reads have the wrong type; ``field`` is its path
+    (``metadata.annotations.gpuplace.io/vram``) and the message says what the API accepts."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def as_pod(obj: Pod | Mapping[str, Any]) -> Pod:
+    """``obj`` as a ``Pod``: a ``Pod`` as it is, a decoded ``v1.Pod`` validated.
+
+    Raises:
+        PodShapeError: a field the extender reads has the wrong type (a list for metadata, a
+            number for an annotation, a mapping for a quantity); the first one, by path.
+    """
+    if isinstance(obj, Pod):
+        return obj
+    try:
+        return Pod.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "pod"
+        raise PodShapeError(field, first["msg"].removeprefix("Value error, ")) from None
