@@ -30,7 +30,9 @@ class Unit:
 
     ``memory_bytes`` is the unit's own VRAM; ``cost_fraction`` the share of the parent GPU's
     price it stands for (1 for a full GPU, compute slices / 7 for an A100/H100 MIG device).
-    ``ecc_enabled`` and ``compute_capability`` are ``None`` when unknown.
+    ``ecc_enabled``, ``compute_capability`` and ``power_limit_w`` (watts, the inventory's
+    ``powerLimitW``) are ``None`` when unknown. A field added here is part of the equivalence
+    layer's unit key by itself (``fast.equivalence``), so a criterion may read it at once.
     """
 
     uuid: str
@@ -51,6 +53,7 @@ class Unit:
     cost_fraction: float
     memory_bandwidth_gbps: float | None
     bf16_tflops: float | None
+    power_limit_w: float | None = None  # a MIG device: its parent GPU's
 
     @property
     def model(self) -> str:
@@ -101,7 +104,7 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
             healthy=gpu.healthy, health_reason=reason, ecc_enabled=gpu.ecc_enabled,
             compute_capability=cc, nvlink_peers=frozenset(p.peer_uuid for p in gpu.nvlinks),
             allocated_to=gpu.allocated_to, cost_fraction=1.0,
-            memory_bandwidth_gbps=bandwidth, bf16_tflops=bf16,
+            memory_bandwidth_gbps=bandwidth, bf16_tflops=bf16, power_limit_w=gpu.power_limit_w,
         )
         return unit, []
     migs = []
@@ -116,6 +119,7 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
             allocated_to=m.allocated_to, cost_fraction=frac,
             memory_bandwidth_gbps=None if bandwidth is None else bandwidth * frac,
             bf16_tflops=None if bf16 is None else bf16 * frac,
+            power_limit_w=gpu.power_limit_w,  # the GPU's limit binds all its instances together
         ))
     return None, migs
 

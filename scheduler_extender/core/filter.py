@@ -445,7 +445,10 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
     return tuple(rejections), tuple(eligible_at)
 
 
-_UNIT_CHECKS: tuple[tuple[str, UnitCheck], ...] = (
+# Every per-unit criterion, in check order: (name, function). A new criterion is one function of
+# (unit, job) returning a reason or None, one name in CRITERIA and one row here; the equivalence
+# layer keys units on every Unit field (fast.equivalence), so it needs no change.
+UNIT_CRITERIA: tuple[tuple[str, UnitCheck], ...] = (
     (C_HEALTHY, check_healthy),
     (C_RUNTIME, check_runtime),
     (C_MODEL, check_model_allowed),
@@ -460,7 +463,7 @@ _UNIT_CHECKS: tuple[tuple[str, UnitCheck], ...] = (
 
 def _unit_failures(u: Unit, job: Job) -> tuple[tuple[str, str], ...]:
     """(criterion, message) of each per-unit criterion ``u`` fails for ``job``, in check order."""
-    return tuple((criterion, msg) for criterion, check in _UNIT_CHECKS if (msg := check(u, job)) is not None)
+    return tuple((criterion, msg) for criterion, check in UNIT_CRITERIA if (msg := check(u, job)) is not None)
 
 
 def _remembered_unit_failures(u: Unit, job: Job, props: Hashable, memo: UnitVerdicts) -> tuple[tuple[str, str], ...]:

@@ -222,7 +222,7 @@ def test_every_unit_field_but_the_structural_ones_is_part_of_the_class_key():
     changed = {"kind": "mig", "vendor": "amd", "name": "NVIDIA H100 NVL", "entry": None, "mig_profile": "7g.80gb",
                "memory_bytes": one.memory_bytes - 1, "healthy": False, "health_reason": "XID 79",
                "ecc_enabled": not one.ecc_enabled, "compute_capability": (9, 1), "cost_fraction": 0.5,
-               "memory_bandwidth_gbps": 1.0, "bf16_tflops": 1.0}
+               "memory_bandwidth_gbps": 1.0, "bf16_tflops": 1.0, "power_limit_w": 350.0}
     assert set(changed) == set(unit_key_fields()), "a new Unit field: add a value that differs here"
     same = NodeState("twin", _with_units(base.view, resource, lambda i, u: u), base.allocation)
     assert state_key(same, resource) == state_key(base, resource)
@@ -234,17 +234,47 @@ def test_every_unit_field_but_the_structural_ones_is_part_of_the_class_key():
 
 def test_a_criterion_on_a_new_unit_field_splits_otherwise_identical_gpus_into_classes():
     @dataclasses.dataclass(frozen=True)
-    class PoweredUnit(type(_h100_state().view.units("nvidia.com/gpu")[0])):
-        power_limit_w: float | None = None
+    class NumaUnit(type(_h100_state().view.units("nvidia.com/gpu")[0])):
+        numa_node: int | None = None
 
     base = _h100_state()
     resource = "nvidia.com/gpu"
 
-    def powered(limits):
-        view = _with_units(base.view, resource, lambda i, u: PoweredUnit(
-            **{f.name: getattr(u, f.name) for f in dataclasses.fields(u)}, power_limit_w=limits[i]))
+    def placed(numa):
+        view = _with_units(base.view, resource, lambda i, u: NumaUnit(
+            **{f.name: getattr(u, f.name) for f in dataclasses.fields(u)}, numa_node=numa[i]))
         return NodeState("p", view, base.allocation)
 
-    full, capped, full_again = powered([700.0] * 8), powered([700.0] * 7 + [350.0]), powered([700.0] * 8)
-    assert state_key(full, resource) == state_key(full_again, resource)
+    full, capped, full_again = placed([0] * 4 + [1] * 4), placed([0] * 3 + [1] * 5), placed([0] * 4 + [1] * 4)
     assert state_key(full, resource) != state_key(capped, resource)
+
+
+def test_a_new_criterion_on_the_power_limit_is_decided_right_per_node_with_no_change_to_the_equivalence_layer(monkeypatch):
+    """Issue 16's acceptance: a newcomer's criterion (a maximum power limit) is one function and
+    one row of UNIT_CRITERIA; nodes whose GPUs differ only in that field are not merged."""
+    from scheduler_extender.core import filter as criteria
+
+    def check_max_power(unit, job):
+        if unit.power_limit_w is not None and unit.power_limit_w > 400:
+            return f"power limit {unit.power_limit_w:g} W > 400 W"
+        return None
+
+    monkeypatch.setattr(criteria, "UNIT_CRITERIA", (*criteria.UNIT_CRITERIA, ("max-power", check_max_power)))
+    h100 = dict(name="NVIDIA H100 80GB HBM3", memory_mib=81559)
+
+    def node(name, limits):
+        return state_of(inventory(name, with_nvlink_clique([gpu(k, powerLimitW=w, **h100) for k, w in enumerate(limits)])))
+
+    states = [node("capped", [350.0] * 8), node("full", [700.0] * 8), node("five-capped", [350.0] * 5 + [700.0] * 3),
+              node("capped-too", [350.0] * 8), node("unknown", [None] * 8)]
+    engine = GroupedEngine()
+    job = engine.job(pod({"gpuplace.io/model-params": "7B"}, gpus=4))
+    grouped = engine.filter_grouped(job, states, None)
+    verdicts = {s.name: grouped.results[g] for s, g in zip(states, grouped.group_of)}
+    assert {n: r.passed for n, r in verdicts.items()} == {
+        "capped": True, "full": False, "five-capped": False, "capped-too": True, "unknown": True}
+    assert verdicts["full"].reason == "GPU 0-7: power limit 700 W > 400 W"
+    assert verdicts["five-capped"].reason == "GPU 5-7: power limit 700 W > 400 W"
+    assert grouped.group_of[0] == grouped.group_of[3] and len(set(grouped.group_of)) == 4
+    direct = engine.filter(job, states, None)
+    assert [(d.passed, d.reason) for d in direct] == [(verdicts[s.name].passed, verdicts[s.name].reason) for s in states]
