@@ -310,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
             if policy_watcher is None:
                 return 2
             engine = Engine(policy_watcher.policy, catalog)
-        cache = ClusterCache(catalog)
+        services: list[ExtenderService] = []  # the engine a bound pod's VRAM need is estimated with: the current one
+
+        def pod_vram(pod: Any) -> int | None:
+            return (services[0].engine if services else engine).vram_need_bytes(pod)
+
+        cache = ClusterCache(catalog, pod_vram)
         source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                              watch_timeout_seconds=args.watch_timeout_seconds)
@@ -319,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     service = ExtenderService(engine, source, metrics)
     service.filter_returns_best = args.filter_returns_best
     if not args.inventory_dir:
+        services.append(service)
         pending = _start_pending_watch(watch, metrics, service)
     _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
     background: list[Callable[[], Awaitable[None]]] = []

@@ -90,13 +90,13 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
     return "\n".join(lines)
 
 
-def _live_source(kubeconfig: str, catalog: Any) -> Any:
+def _live_source(kubeconfig: str, engine: Engine) -> Any:
     """Nodes and pods listed once from the cluster of ``kubeconfig``, in the extender's cache."""
     from kubernetes import client, config
     from scheduler_extender.service.explain import cluster_states_from_api
     config.load_kube_config(config_file=kubeconfig)
     with client.ApiClient() as api:
-        return cluster_states_from_api(api, catalog)
+        return cluster_states_from_api(api, engine.catalog, engine.vram_need_bytes)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -119,7 +119,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.kubeconfig:
-            source = _live_source(args.kubeconfig, engine.catalog)
+            source = _live_source(args.kubeconfig, engine)
         else:
             source = StaticSource(args.inventory_dir, engine.catalog, labels)
     except Exception as e:  # noqa: BLE001 - config, connection and API errors all end here

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import gc
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from node_agent.inventory import ANNOTATION, InventoryError, parse_inventory
 from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_allocatable, host_allocatable, node_mig_strategy
@@ -32,7 +33,8 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
-from scheduler_extender.core.requirements import pod_gpu_requests, pod_host_requests
+from scheduler_extender.core.requirements import NVIDIA_GPU, pod_gpu_requests, pod_host_requests
+from scheduler_extender.core.sharing import REPLICAS_LABEL, SHARING_STRATEGY_LABEL, node_gpu_sharing, shareable_gpus
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class _Node:
     host: tuple[int | None, int | None] = (None, None)  # allocatable (CPU millicores, memory bytes)
     mig_strategy: str | None = None  # what the Node shows (node_mig_strategy)
     gfd: tuple[tuple[str, str], ...] = ()  # its GPU feature discovery labels (core.gfd)
+    sharing_labels: tuple[Any, Any] = (None, None)  # GFD's sharing-strategy and replicas labels (core.sharing)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class _Pod:
     key: str
     node: str
     requests: Mapping[str, int]
+    vram_bytes: int | None = None  # its VRAM need per GPU (pod_vram), for GPUs shared by replicas
 
 
 @dataclass
@@ -124,8 +128,11 @@ def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
 class ClusterCache:
     """Nodes and GPU pods, indexed by node. Methods take decoded API objects (dicts)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, pod_vram: Callable[[Pod], int | None] | None = None) -> None:
+        """``pod_vram``: a bound pod's VRAM need per GPU in bytes (None: unknown), for nodes whose
+        GPUs are shared (``core.sharing``); without it every pod sharing a GPU counts as the whole GPU."""
         self._catalog = catalog
+        self._pod_vram = pod_vram
         self._lock = threading.RLock()
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}  # uid -> pod holding GPUs on a node
@@ -197,12 +204,16 @@ class ClusterCache:
         host = host_allocatable(obj)
         mig_strategy = node_mig_strategy(obj, allocatable)
         gfd = gfd_labels(obj) if annotation is None else ()
+        labels = meta.get("labels")
+        sharing_labels = ((labels.get(SHARING_STRATEGY_LABEL), labels.get(REPLICAS_LABEL))
+                          if isinstance(labels, Mapping) else (None, None))
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
             self._states.pop(name, None)
         same_inventory = (current is not None and current.annotation == annotation
-                          and current.mig_strategy == mig_strategy and current.gfd == gfd)
+                          and current.mig_strategy == mig_strategy and current.gfd == gfd
+                          and current.sharing_labels == sharing_labels)
         if same_inventory and current is not None and current.allocatable == allocatable:
             return  # unchanged inventory, MIG strategy and GPU allocatable: keep the parsed view
         if same_inventory and current is not None and current.view is not None:
@@ -211,7 +222,11 @@ class ClusterCache:
             view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
         else:
             view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy, gfd)
-        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd)
+        if view is not None:
+            sharing = node_gpu_sharing(obj, allocatable, shareable_gpus(view))
+            if sharing != view.sharing:
+                view = dataclasses.replace(view, sharing=sharing)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd, sharing_labels)
         if error:
             self.stats.inventory_errors[name] = error
         else:
@@ -281,7 +296,8 @@ class ClusterCache:
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
             return
-        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests)
+        vram = self._pod_vram(pod) if self._pod_vram is not None and NVIDIA_GPU in requests else None
+        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests, vram)
         if self._pods.get(uid) == entry:
             return
         self._remove_pod(uid)
@@ -354,6 +370,8 @@ class ClusterCache:
         pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
         if not pods:
             return NodeAllocation()
+        if node.view is not None and node.view.sharing is not None:
+            return _shared_allocation(node.view, pods)
         live = {p.key for p in pods}
         held: dict[str, str] = {}
         named: set[str] = set()
@@ -427,6 +445,27 @@ class ClusterCache:
                 out[name] = {"inventory": inventory, "resources": resource_usage(view, alloc),
                              "pods": pods, "heldUnits": dict(alloc.held)}
             return {"synced": self.synced, "nodes": out}
+
+
+MAX_REPLICAS_PER_POD = 64
+"""Replicas of one pod counted on a shared node (a pod bound by another scheduler may hold several)."""
+
+
+def _shared_allocation(view: NodeView, pods: list[_Pod]) -> NodeAllocation:
+    """On a node whose GPUs are shared: per GPU the VRAM needs of the pods the agent lists on it
+    (``allocatedTo``, comma-separated), those of the other ``nvidia.com/gpu`` pods as unplaced,
+    and every other resource's pods as anonymous, as on any node."""
+    by_key = {p.key: p for p in pods if NVIDIA_GPU in p.requests}
+    shared: dict[str, tuple[int | None, ...]] = {}
+    named: set[str] = set()
+    for u in view.units(NVIDIA_GPU):
+        holders = [by_key[k] for k in u.allocated_to.split(",") if k in by_key] if u.allocated_to else []
+        if holders:
+            shared[u.uuid] = tuple(p.vram_bytes for p in holders)
+            named.update(p.key for p in holders)
+    unplaced = tuple(p.vram_bytes for k, p in by_key.items() if k not in named for _ in range(min(p.requests[NVIDIA_GPU], MAX_REPLICAS_PER_POD)))
+    anonymous = _sum_requests({r: n for r, n in p.requests.items() if r != NVIDIA_GPU} for p in pods)
+    return NodeAllocation(anonymous=anonymous, shared=shared, shared_unplaced=unplaced)
 
 
 def _sum_requests(requests: Iterable[Mapping[str, int]]) -> dict[str, int]:

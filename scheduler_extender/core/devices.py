@@ -22,6 +22,7 @@ from node_agent.inventory import GPU, NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import AMD_GPU, NVIDIA_GPU, mig_resource_name
+from scheduler_extender.core.sharing import GpuSharing
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,8 @@ class NodeView:
     provenance: str = field(default="")
     """Empty for an agent's inventory; else where it came from (``core.gfd.PROVENANCE``): every
     reason for the node says so, and it is never stale (labels are current while the Node is)."""
+    sharing: GpuSharing | None = field(default=None)
+    """How the device plugin shares the node's ``nvidia.com/gpu`` (``core.sharing``); None: whole GPUs."""
 
     def units(self, resource: str) -> tuple[Unit, ...]:
         return self.units_by_resource.get(resource, ())
@@ -150,11 +153,13 @@ class NodeView:
 
 
 def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: str | None = None,
-                    node_mig_strategy: str | None = None, provenance: str = "") -> NodeView:
+                    node_mig_strategy: str | None = None, provenance: str = "",
+                    sharing: GpuSharing | None = None) -> NodeView:
     """Index an inventory's units by the resource that schedules them (see module docstring).
 
     The MIG strategy is the inventory's when the agent states it, else ``node_mig_strategy``
-    (what the Node shows, ``allocatable.node_mig_strategy``), else ``none``."""
+    (what the Node shows, ``allocatable.node_mig_strategy``), else ``none``. ``sharing``: how the
+    Node shows its GPUs shared (``sharing.node_gpu_sharing``)."""
     by_resource: dict[str, list[Unit]] = {}
     strategy = inventory.mig_strategy or node_mig_strategy or "none"
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
@@ -180,6 +185,7 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
         description=f"{desc}, from GPU feature discovery labels" if provenance else desc,
         observed_ts=inventory.observed_at.timestamp(),
         provenance=provenance,
+        sharing=sharing,
     )
 
 
@@ -200,6 +206,11 @@ class NodeAllocation:
 
     held: Mapping[str, str] = field(default_factory=dict)
     anonymous: Mapping[str, int] = field(default_factory=dict)
+    shared: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
+    """On a node whose GPUs are shared (``NodeView.sharing``): GPU UUID -> the VRAM needs (bytes;
+    None: unknown) of the pods holding its replicas, as the agent placed them."""
+    shared_unplaced: tuple[int | None, ...] = ()
+    """... and of the pods bound there that no ``allocatedTo`` names yet: on some GPU, which is unknown."""
 
     def held_count(self) -> int:
         return len(self.held) + sum(self.anonymous.values())

@@ -65,6 +65,12 @@ class Engine:
         ``namespace_labels`` None: unknown."""
         return resolve_job(pod, self.policy, self.catalog, namespace_labels)
 
+    def vram_need_bytes(self, pod: Pod | Mapping[str, Any]) -> int | None:
+        """The pod's VRAM need per GPU in bytes under this engine's policy (its estimate or
+        ``gpuplace.io/vram``); None when unknown. The cache counts pods sharing a GPU by it."""
+        job = self.job(pod)
+        return job.vram.bytes_per_gpu if job.vram is not None else None
+
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
         return [filter_node(job, s, self.policy, now) for s in states]
 

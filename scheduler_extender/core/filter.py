@@ -19,10 +19,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
-from scheduler_extender.core.devices import NodeState, NodeView, Unit
+from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, Unit
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.sharing import GpuSharing, used_vram_bytes
 from scheduler_extender.core.requirements import (
     A_EXCLUDE, A_MIN_CC, A_MODELS, A_REQUIRE, AMD_GPU, MIG_PREFIX, NVIDIA_GPU,
 )
@@ -43,8 +44,9 @@ C_COUNT = "gpu-count"
 C_FREE = "free-gpus"
 C_NVLINK = "nvlink"
 C_TENANT = "tenant-allowed"
+C_SHARED = "shared-gpu"
 CRITERIA = (C_ANNOTATION, C_INVENTORY, C_RESOURCE, C_HEALTHY, C_RUNTIME, C_MODEL, C_CLASS, C_CC,
-            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK, C_TENANT)
+            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK, C_TENANT, C_SHARED)
 
 
 @dataclass(frozen=True)
@@ -375,9 +377,12 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
     if rejections:
         return NodeResult(state.name, False, rejections)
 
+    units = view.units(resource)
+    if view.sharing is not None and resource == NVIDIA_GPU:
+        return _shared_gpu_verdict(job, state.name, view.sharing, [units[i] for i in eligible_at], state.allocation)
+
     # Everything left can only be fixed by GPUs becoming free: resolvable.
     n = req.gpu_count
-    units = view.units(resource)
     word = _device_word(resource)
     wants_nvlink = "nvlink" in req.require and n > 1
     alloc = state.allocation
@@ -396,6 +401,50 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
         return NodeResult(state.name, False, (Rejection(
             C_NVLINK, f"no {n} free {word} all joined by NVLink ({A_REQUIRE}: nvlink)", resolvable=True),))
     return NodeResult(state.name, True, chosen=chosen)
+
+
+def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequence[Unit],
+                        alloc: NodeAllocation) -> NodeResult:
+    """A one-GPU pod on a node whose GPUs the device plugin shares (``core.sharing``): it gets one
+    replica of a GPU it cannot choose, so the node passes only if every GPU with a free replica
+    can hold the pod's VRAM need (MPS: within one replica's enforced limit)."""
+    how = sharing.describe()
+    cls = job.size_class
+    if not cls.share_gpus:
+        return NodeResult(node, False, (Rejection(
+            C_SHARED, f"GPUs here are shared ({how}); class {cls.name} may not share a GPU (policy shareGpus)"),))
+    if job.req.gpu_count > 1:
+        return NodeResult(node, False, (Rejection(
+            C_SHARED, f"GPUs here are shared ({how}); {job.req.gpu_count} replicas give no more VRAM than one: "
+                      f"request 1 {NVIDIA_GPU} or use a node with whole GPUs"),))
+    replicas = sharing.replicas
+    held = {u.uuid: alloc.shared.get(u.uuid, ()) for u in eligible}
+    in_use = sum(len(p) for p in held.values()) + len(alloc.shared_unplaced)
+    with_room = [u for u in eligible if len(held[u.uuid]) < replicas]
+    if in_use >= replicas * len(eligible) or not with_room:
+        return NodeResult(node, False, (Rejection(
+            C_FREE, f"all {replicas * len(eligible)} replicas in use ({how})", resolvable=True),))
+    need = job.vram.bytes_per_gpu if job.vram is not None else None
+    if sharing.strategy == "mps":
+        limit = min(u.memory_bytes for u in with_room) // replicas
+        if need is not None and need > limit:
+            return NodeResult(node, False, (Rejection(
+                C_VRAM, f"{fmt_gib(limit)} VRAM per MPS replica (the GPU's / {replicas}) < {job.vram.describe()}"),))
+        return NodeResult(node, True, chosen=(with_room[0],))
+    # Time-slicing: no memory isolation; the plugin may hand out a replica of any GPU with one free.
+    left = {u.uuid: u.memory_bytes - used_vram_bytes(u.memory_bytes, (*held[u.uuid], *alloc.shared_unplaced))
+            for u in with_room}
+    short = [u for u in with_room if left[u.uuid] < (need if need is not None else u.memory_bytes)]
+    if short:
+        wanted = job.vram.describe() if job.vram is not None else "the whole GPU needed (VRAM need unknown)"
+        unplaced = len(alloc.shared_unplaced)
+        parts = "; ".join(f"GPU {u.gpu_index}: {fmt_gib(max(0, left[u.uuid]))} of {fmt_gib(u.memory_bytes)} VRAM left "
+                          f"({len(held[u.uuid]) + unplaced} pods share it)" for u in short)
+        unplaced_note = f"; {unplaced} pods on a GPU the agent has not reported yet count on each" if unplaced else ""
+        return NodeResult(node, False, (Rejection(
+            C_VRAM, f"{parts} < {wanted} ({how}: the device plugin may give any GPU with a free replica{unplaced_note})",
+            resolvable=True),))
+    return NodeResult(node, True, chosen=(max(with_room, key=lambda u: (left[u.uuid], -u.gpu_index)),))
 
 
 def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None

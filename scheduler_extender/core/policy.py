@@ -64,6 +64,10 @@ class SizeClass(_Strict):
                                             description="MIG profiles allowed; empty: any.")
     prefer_mig: bool = Field(default=False, alias="preferMig",
                              description="Score MIG devices higher for jobs that fit one.")
+    share_gpus: bool = Field(
+        default=False, alias="shareGpus",
+        description="Jobs of this class may take a replica of a shared GPU (the NVIDIA device plugin's "
+                    "time-slicing or MPS), budgeted by VRAM; false: nodes whose GPUs are shared refuse them.")
 
     @field_validator("allowed_mig_profiles")
     @classmethod

@@ -162,7 +162,8 @@ def view_signature(view: NodeView) -> tuple[Hashable, ...]:
     """The view's structure without names and UUIDs; computed once per view (views are immutable)."""
     sig = view.__dict__.get(_VIEW_SIGNATURE)
     if sig is None:
-        sig = (view.description, tuple(_resource_signature(r, us) for r, us in view.units_by_resource.items()))
+        sig = (view.description, view.sharing,
+               tuple(_resource_signature(r, us) for r, us in view.units_by_resource.items()))
         view.__dict__[_VIEW_SIGNATURE] = sig  # frozen dataclass: cache beside the fields, as cached_property does
     return sig
 
@@ -186,7 +187,7 @@ def view_class(view: NodeView) -> int:
 def _held_signature(view: NodeView, resource: str, held: Collection[str]) -> Hashable:
     """Which units of ``resource`` are held, as far as the filter and score can tell (module docstring)."""
     units = view.units_by_resource[resource]
-    sig = view_signature(view)[1][list(view.units_by_resource).index(resource)]
+    sig = view_signature(view)[2][list(view.units_by_resource).index(resource)]
     kind = sig[0]
     if kind == "symmetric":
         return sum(1 for u in units if u.uuid in held)
@@ -250,8 +251,11 @@ def state_key(state: NodeState, resource: str | None) -> int:
         key = (view_signature(view), "absent", others)
     else:
         alloc = state.allocation
+        # A shared GPU's pods, by position: what the shared-GPU criterion reads (core.sharing).
+        shared = (tuple(alloc.shared.get(u.uuid, ()) for u in view.units_by_resource[resource]), alloc.shared_unplaced
+                  ) if view.sharing is not None else None
         key = (view_signature(view), resource, _held_signature(view, resource, alloc.held.keys()),
-               alloc.held_count(), alloc.anonymous.get(resource, 0), others)
+               alloc.held_count(), alloc.anonymous.get(resource, 0), shared, others)
     try:
         number = _intern(key)
     except TypeError:  # an unhashable field: this state is a class of its own

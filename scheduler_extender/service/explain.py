@@ -9,7 +9,7 @@ final score (0-10 = 10 x the weighted mean of the components that apply, rounded
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import Catalog
@@ -68,9 +68,11 @@ def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:
     }
 
 
-def cluster_states_from_api(api_client: Any, catalog: Catalog) -> ClusterSource:
+def cluster_states_from_api(api_client: Any, catalog: Catalog,
+                            pod_vram: Callable[[Any], int | None] | None = None) -> ClusterSource:
     """List Nodes, Pods and Namespaces once through the official client and build states with ``ClusterCache``
-    (the cache the extender's watch feeds), so explain sees what the extender sees.
+    (the cache the extender's watch feeds), so explain sees what the extender sees; ``pod_vram``
+    as for ``ClusterCache`` (``Engine.vram_need_bytes``: pods sharing a GPU counted by their need).
 
     Raises:
         kubernetes.client.ApiException: the API server refused a list.
@@ -79,7 +81,7 @@ def cluster_states_from_api(api_client: Any, catalog: Catalog) -> ClusterSource:
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
-    cache = ClusterCache(catalog)
+    cache = ClusterCache(catalog, pod_vram)
     nodes = orjson.loads(core.list_node(_preload_content=False).data)
     pods = orjson.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)
     namespaces = orjson.loads(core.list_namespace(_preload_content=False).data)

@@ -1,0 +1,93 @@
+"""Shared GPUs: the NVIDIA device plugin's time-slicing and MPS replicas, budgeted by VRAM.
+
+With ``sharing.timeSlicing`` or ``sharing.mps`` in its configuration, the NVIDIA device plugin
+advertises each GPU as ``replicas`` devices of ``nvidia.com/gpu`` (ids ``<GPU-UUID>::<i>``;
+``internal/rm/device_map.go``, ``updateDeviceMapWithReplicas``), on every GPU of the node, and
+GPU feature discovery labels the Node ``nvidia.com/gpu.sharing-strategy`` (``time-slicing`` or
+``mps``) and ``nvidia.com/gpu.replicas`` (``internal/lm/resource.go``; device plugin v0.15+). A
+pod asking for one ``nvidia.com/gpu`` there gets one replica, and the extender cannot choose which:
+the kubelet takes the plugin's preferred allocation, which counts replicas, never memory
+(``internal/rm/allocate.go``, ``greedyAlloc``: the GPU with the fewest replicas in use by default,
+ties broken at random). So a placement is correct whatever replica the pod gets only if:
+
+- **MPS**: the pod's VRAM need fits one replica's limit, the GPU's memory / replicas (the MPS
+  control daemon's ``set_default_device_pinned_mem_limit``, enforced; ``cmd/mps-control-daemon/
+  mps/daemon.go``); any free replica then works.
+- **time-slicing** (no memory isolation): every GPU with a free replica has the pod's need left
+  after the needs of the pods already on it (``shared_vram_rejection``). A pod whose need is
+  unknown counts as the whole GPU; a pod the agent has not placed on a GPU yet counts on every GPU.
+
+Asking for several replicas gives no more memory (MPS rejects it; time-slicing may put them on
+one GPU), so a shared node passes only one-GPU pods. Which classes may share is the policy's
+(``SizeClass.share_gpus``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+STRATEGIES = ("time-slicing", "mps")
+
+
+@dataclass(frozen=True)
+class GpuSharing:
+    """How a node's GPUs are shared: ``strategy`` and ``replicas`` per GPU; ``source`` says where
+    that was read (GPU feature discovery's labels, or the allocatable count)."""
+
+    strategy: Literal["time-slicing", "mps"]
+    replicas: int
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.strategy}, {self.replicas} replicas per GPU"
+
+
+def node_gpu_sharing(node: Mapping[str, Any] | None, allocatable: Mapping[str, int] | None,
+                     nvidia_gpus: int) -> GpuSharing | None:
+    """How the Node's ``nvidia.com/gpu`` is shared, or None (whole GPUs, or unknown).
+
+    GPU feature discovery's ``nvidia.com/gpu.sharing-strategy`` (``time-slicing`` or ``mps``) with
+    ``nvidia.com/gpu.replicas`` >= 2; without those labels, ``status.allocatable`` ``nvidia.com/gpu``
+    equal to a whole multiple >= 2 of ``nvidia_gpus`` (the inventory's healthy full NVIDIA GPUs)
+    is read as time-slicing, the mode without memory isolation, so the budget errs safe.
+    """
+    if nvidia_gpus <= 0:
+        return None  # no full NVIDIA GPU to share (MIG replicas are not budgeted)
+    meta = (node or {}).get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if isinstance(labels, Mapping):
+        strategy = labels.get(SHARING_STRATEGY_LABEL)
+        replicas = _whole(labels.get(REPLICAS_LABEL))
+        if strategy in STRATEGIES and replicas is not None and replicas >= 2:
+            return GpuSharing(strategy, replicas, f"labels {SHARING_STRATEGY_LABEL}, {REPLICAS_LABEL}")
+        if strategy == "none" or (replicas is not None and replicas <= 1 and strategy is None):
+            return None  # GFD says so: whole GPUs
+    advertised = (allocatable or {}).get("nvidia.com/gpu")
+    if advertised and advertised > nvidia_gpus and advertised % nvidia_gpus == 0:
+        return GpuSharing("time-slicing", advertised // nvidia_gpus,
+                          f"allocatable nvidia.com/gpu {advertised} = {advertised // nvidia_gpus} x {nvidia_gpus} GPUs")
+    return None
+
+
+def shareable_gpus(view: Any) -> int:
+    """The healthy full NVIDIA GPUs of a ``NodeView`` that the device plugin would replicate; 0
+    when ``nvidia.com/gpu`` holds MIG devices (MIG replicas are not budgeted here)."""
+    units = view.units("nvidia.com/gpu")
+    if any(u.kind != "gpu" for u in units):
+        return 0
+    return sum(1 for u in units if u.healthy)
+
+
+def _whole(value: Any) -> int | None:
+    if not isinstance(value, str) or not value.isdigit() or len(value) > 6:
+        return None
+    return int(value)
+
+
+def used_vram_bytes(memory_bytes: int, needs: Sequence[int | None]) -> int:
+    """VRAM the pods holding a GPU's replicas use, by their needs (bytes; None: unknown, counted
+    as the whole GPU), at most the GPU's memory."""
+    return min(memory_bytes, sum(memory_bytes if n is None else n for n in needs))

@@ -1,0 +1,166 @@
+"""GPUs shared by the device plugin's time-slicing or MPS replicas, budgeted by VRAM (core.sharing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler_extender.cluster.cache import ClusterCache
+from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.sharing import GpuSharing, node_gpu_sharing
+from scheduler_extender.fast.grouped import GroupedEngine
+from tests.factories import gpu, inventory, pod
+
+CAT = default_catalog()
+ENGINE = Engine()
+RTX_4090 = dict(name="NVIDIA GeForce RTX 4090", memory_mib=24564)  # 24 GiB, nvidia-smi's FB memory total
+
+
+def node_obj(name, gpus, *, strategy="time-slicing", replicas=4, labels=True, allocatable=None):
+    inv = inventory(name, gpus)
+    meta = {"name": name, "annotations": {"gpuplace.io/inventory": json.dumps(inv)}, "labels": {}}
+    if labels and strategy is not None:
+        meta["labels"] = {"nvidia.com/gpu.sharing-strategy": strategy, "nvidia.com/gpu.replicas": str(replicas)}
+    count = allocatable if allocatable is not None else len(gpus) * (replicas if strategy else 1)
+    return {"metadata": meta, "status": {"allocatable": {"nvidia.com/gpu": str(count), "cpu": "64", "memory": "512Gi"}}}
+
+
+def bound(p, node):
+    p = json.loads(json.dumps(p))
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": "Running"}
+    return p
+
+
+def pod_vram(p):
+    job = ENGINE.job(p)
+    return job.vram.bytes_per_gpu if job.vram is not None else None
+
+
+def cluster(*nodes):
+    c = ClusterCache(CAT, pod_vram)
+    c.replace_nodes(list(nodes))
+    c.replace_pods([])
+    return c
+
+
+def inference(name, vram="7Gi", **annotations):
+    return pod({"gpuplace.io/vram": vram, "gpuplace.io/workload": "inference", **annotations}, name=name)
+
+
+def verdict(c, p, node="ts"):
+    job = ENGINE.job(p)
+    return ENGINE.filter(job, [c.state(node)], None)[0]
+
+
+# ---- how a node shares its GPUs -------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels, allocatable, gpus, expected", [
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}, {"nvidia.com/gpu": 4}, 1,
+     ("time-slicing", 4)),
+    ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "10"}, {"nvidia.com/gpu": 80}, 8, ("mps", 10)),
+    ({"nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.replicas": "1"}, {"nvidia.com/gpu": 8}, 8, None),
+    ({}, {"nvidia.com/gpu": 16}, 4, ("time-slicing", 4)),   # no GFD: a whole multiple of the GPUs is read as replicas
+    ({}, {"nvidia.com/gpu": 3}, 4, None),                   # fewer than the GPUs: some unhealthy or lagging, not shared
+    ({}, {"nvidia.com/gpu": 6}, 4, None),                   # not a whole multiple
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}, {"nvidia.com/gpu": 4}, 0,
+     None),                                                 # MIG devices: not budgeted
+])
+def test_a_nodes_sharing_is_read_from_gfd_labels_else_from_allocatable(labels, allocatable, gpus, expected):
+    got = node_gpu_sharing({"metadata": {"labels": labels}}, allocatable, gpus)
+    assert (None if got is None else (got.strategy, got.replicas)) == expected
+
+
+# ---- time-slicing ------------------------------------------------------------------------------
+
+def test_three_7gib_pods_share_a_24gib_time_sliced_gpu_and_a_fourth_is_refused_with_a_vram_reason():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], replicas=4))
+    for i in range(3):
+        p = inference(f"infer-{i}")
+        assert verdict(c, p).passed, verdict(c, p).reason
+        c.apply_pod_event("ADDED", bound(p, "ts"))
+    fourth = verdict(c, inference("infer-3"))
+    assert not fourth.passed and not fourth.unresolvable
+    assert [r.criterion for r in fourth.rejections] == ["vram"]
+    assert fourth.reason.startswith("GPU 0: 3 GiB of 24 GiB VRAM left (3 pods share it) < 7 GiB needed")
+    assert "time-slicing, 4 replicas per GPU" in fourth.reason
+    assert verdict(c, inference("small-one", vram="2Gi")).passed  # what is left still fits a smaller pod
+
+
+def test_pods_the_agent_placed_count_on_their_gpu_and_every_gpu_with_a_free_replica_must_have_room():
+    gpus = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
+    gpus[0]["allocatedTo"] = "default/a,default/b"
+    c = cluster(node_obj("ts", gpus, replicas=4))
+    c.replace_pods([bound(inference("a", "10Gi"), "ts"), bound(inference("b", "10Gi"), "ts")])
+    alloc = c.state("ts").allocation
+    assert alloc.shared == {gpus[0]["uuid"]: (10 * 2**30, 10 * 2**30)} and alloc.shared_unplaced == ()
+    assert verdict(c, inference("fits", "3Gi")).passed
+    refused = verdict(c, inference("too-big", "5Gi"))  # GPU 1 has room, but the plugin may hand out GPU 0
+    assert refused.reason.startswith("GPU 0: 4 GiB of 24 GiB VRAM left (2 pods share it) < 5 GiB needed")
+
+
+def test_a_pod_whose_need_is_unknown_counts_as_the_whole_gpu():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], replicas=4))
+    unknown = pod({"gpuplace.io/class": "small"}, name="unknown")
+    assert verdict(c, unknown).passed  # an empty GPU: it may have all of it
+    c.apply_pod_event("ADDED", bound(unknown, "ts"))
+    refused = verdict(c, inference("next", "1Gi"))
+    assert "0 GiB of 24 GiB VRAM left (1 pods share it)" in refused.reason
+    assert "the whole GPU needed (VRAM need unknown)" in verdict(c, pod({"gpuplace.io/class": "small"}, name="u2")).reason
+
+
+def test_every_replica_in_use_is_a_resolvable_free_gpu_reason():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], replicas=2))
+    for i in range(2):
+        c.apply_pod_event("ADDED", bound(inference(f"p{i}", "1Gi"), "ts"))
+    r = verdict(c, inference("third", "1Gi"))
+    assert (r.passed, r.rejections[0].criterion, r.rejections[0].resolvable) == (False, "free-gpus", True)
+    assert r.reason == "all 2 replicas in use (time-slicing, 2 replicas per GPU)"
+
+
+def test_classes_that_may_not_share_and_pods_asking_for_several_replicas_are_refused_unresolvably():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090), gpu(1, **RTX_4090)], replicas=4))
+    medium = verdict(c, inference("medium", "22Gi"))  # above small's 20 GiB: class medium, shareGpus false
+    assert medium.unresolvable and "class medium may not share a GPU (policy shareGpus)" in medium.reason
+    two = verdict(c, pod({"gpuplace.io/vram": "4Gi", "gpuplace.io/class": "small"}, gpus=2, name="two"))
+    assert two.unresolvable and "2 replicas give no more VRAM than one" in two.reason
+
+
+# ---- MPS ---------------------------------------------------------------------------------------
+
+def test_under_mps_a_pod_fits_if_its_need_fits_one_replicas_limit_whatever_the_others_use():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], strategy="mps", replicas=4))
+    assert verdict(c, inference("fits", "5Gi")).passed
+    too_big = verdict(c, inference("too-big", "7Gi"))
+    assert too_big.unresolvable and too_big.reason == (
+        "6 GiB VRAM per MPS replica (the GPU's / 4) < 7 GiB needed (gpuplace.io/vram)")
+    for i in range(3):
+        c.apply_pod_event("ADDED", bound(inference(f"p{i}", "6Gi"), "ts"))
+    assert verdict(c, inference("last", "5Gi")).passed  # each replica's memory is its own
+
+
+# ---- whole GPUs and the equivalence layer -----------------------------------------------------------
+
+def test_a_node_with_whole_gpus_is_unchanged():
+    c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], strategy=None))
+    assert c.state("ts").view.sharing is None
+    c.apply_pod_event("ADDED", bound(inference("a"), "ts"))
+    assert "0 of 1 eligible GPUs free" in verdict(c, inference("b")).reason
+
+
+def test_the_grouped_filter_tells_shared_nodes_apart_by_what_their_gpus_hold():
+    nodes = [node_obj(f"ts-{i}", [gpu(0, **RTX_4090)], replicas=4) for i in range(4)]
+    c = cluster(*nodes)
+    c.apply_pod_event("ADDED", bound(inference("a", "10Gi"), "ts-1"))
+    c.apply_pod_event("ADDED", bound(inference("b", "20Gi"), "ts-2"))
+    c.apply_pod_event("ADDED", bound(inference("c", "10Gi"), "ts-3"))
+    states = [c.state(f"ts-{i}") for i in range(4)]
+    engine = GroupedEngine()
+    job = engine.job(inference("new", "12Gi"))
+    grouped = engine.filter_grouped(job, states, None)
+    got = [grouped.results[g].passed for g in grouped.group_of]
+    assert got == [r.passed for r in engine.filter(job, states, None)] == [True, True, False, True]
+    assert grouped.group_of[1] == grouped.group_of[3] != grouped.group_of[0]
+    assert states[0].view.sharing == GpuSharing("time-slicing", 4, states[0].view.sharing.source)
