@@ -259,7 +259,8 @@ def free_units(view: NodeView | None, allocation: NodeAllocation, resource: str)
 def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[str, dict[str, int | None]]:
     """Per extended resource: ``allocatable`` (healthy units), ``held`` and ``free`` unit counts.
 
-    ``held`` counts units named by ``allocation.held`` plus the resource's anonymous units; it can
+    On a node whose GPUs are shared, ``nvidia.com/gpu`` is counted in replicas, as the kubelet
+    counts it. ``held`` counts units named by ``allocation.held`` plus the resource's anonymous units; it can
     exceed ``allocatable`` only if the cache counts more GPUs than the node has (an over-commit, a
     bug or a lying inventory), in which case ``free`` is 0. With no view (no usable inventory),
     allocatable and free are unknown (None) and only anonymous holdings are reported.
@@ -268,6 +269,11 @@ def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[st
     if view is not None:
         for resource, units in view.units_by_resource.items():
             healthy = sum(1 for u in units if u.healthy)
+            if view.sharing is not None and resource == NVIDIA_GPU:  # counted in replicas (core.sharing)
+                replicas = healthy * view.sharing.replicas
+                held = sum(len(p) for p in allocation.shared.values()) + len(allocation.shared_unplaced)
+                usage[resource] = {"allocatable": replicas, "held": held, "free": max(0, replicas - held)}
+                continue
             held = sum(1 for u in units if u.uuid in allocation.held) + allocation.anonymous.get(resource, 0)
             usage[resource] = {"allocatable": healthy, "held": held, "free": len(free_units(view, allocation, resource))}
     for resource, n in allocation.anonymous.items():

@@ -55,6 +55,7 @@ from scheduler_extender.core.devices import NodeState, Unit, free_units
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.requirements import NVIDIA_GPU
 from scheduler_extender.core.workload import FreeByModel, WorkloadProfile, free_by_model, free_by_model_minus
 
 MAX_SCORE = 10
@@ -89,7 +90,12 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     total = len(view.units(job.req.resource or ""))
     if total == 0:
         return 0.0
-    used_before = state.allocation.held_count()
+    alloc = state.allocation
+    if view.sharing is not None and job.req.resource == NVIDIA_GPU:
+        # GPUs shared by replicas (core.sharing): fill the replicas already in use first.
+        in_use = sum(len(p) for p in alloc.shared.values()) + len(alloc.shared_unplaced)
+        return min(1.0, (in_use + 1) / (total * view.sharing.replicas))
+    used_before = alloc.held_count()
     n = len(result.chosen)
     if used_before == 0 and total >= WHOLE_NODE_GPUS and n < total:
         return 0.0  # breaking a whole 8-GPU node: keep it for a job that needs all of it

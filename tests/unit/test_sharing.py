@@ -111,10 +111,11 @@ def test_a_pod_whose_need_is_unknown_counts_as_the_whole_gpu():
     assert "the whole GPU needed (VRAM need unknown)" in verdict(c, pod({"gpuplace.io/class": "small"}, name="u2")).reason
 
 
-def test_every_replica_in_use_is_a_resolvable_free_gpu_reason():
+def test_every_replica_in_use_is_a_resolvable_free_gpu_reason_and_debug_allocations_count_replicas():
     c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], replicas=2))
     for i in range(2):
         c.apply_pod_event("ADDED", bound(inference(f"p{i}", "1Gi"), "ts"))
+    assert c.snapshot()["nodes"]["ts"]["resources"]["nvidia.com/gpu"] == {"allocatable": 2, "held": 2, "free": 0}
     r = verdict(c, inference("third", "1Gi"))
     assert (r.passed, r.rejections[0].criterion, r.rejections[0].resolvable) == (False, "free-gpus", True)
     assert r.reason == "all 2 replicas in use (time-slicing, 2 replicas per GPU)"
@@ -164,3 +165,13 @@ def test_the_grouped_filter_tells_shared_nodes_apart_by_what_their_gpus_hold():
     assert got == [r.passed for r in engine.filter(job, states, None)] == [True, True, False, True]
     assert grouped.group_of[1] == grouped.group_of[3] != grouped.group_of[0]
     assert states[0].view.sharing == GpuSharing("time-slicing", 4, states[0].view.sharing.source)
+
+
+def test_among_shared_nodes_the_score_fills_the_replicas_already_in_use_first():
+    c = cluster(node_obj("ts-0", [gpu(0, **RTX_4090)]), node_obj("ts-1", [gpu(0, **RTX_4090)]))
+    c.apply_pod_event("ADDED", bound(inference("a", "4Gi"), "ts-1"))
+    states = [c.state("ts-0"), c.state("ts-1")]
+    job = ENGINE.job(inference("new", "4Gi"))
+    scores = ENGINE.score(job, states, ENGINE.filter(job, states, None))
+    assert scores["ts-1"].components["packing"] > scores["ts-0"].components["packing"]
+    assert scores["ts-1"].value > scores["ts-0"].value  # the unrounded score, which breaks ties of the 0-10 integer
