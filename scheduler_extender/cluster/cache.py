@@ -61,7 +61,7 @@ class _Pod:
     key: str
     node: str
     requests: Mapping[str, int]
-    vram_bytes: int | None = None  # its VRAM need per GPU (pod_vram), for GPUs shared by replicas
+    pod: Pod | None = None  # what the decision reads of it: its VRAM need, where it shares a GPU (pod_vram)
 
 
 @dataclass
@@ -223,9 +223,12 @@ class ClusterCache:
         else:
             view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy, gfd)
         if view is not None:
-            sharing = node_gpu_sharing(obj, allocatable, shareable_gpus(view))
+            sharing = node_gpu_sharing(obj, allocatable, *shareable_gpus(view))
             if sharing != view.sharing:
                 view = dataclasses.replace(view, sharing=sharing)
+                contradiction = allocatable_contradiction(view, allocatable) if sharing is not None else None
+                if contradiction:  # GPUs x replicas beyond what the device plugin advertises
+                    view, error = None, f"{ANNOTATION}: {contradiction}"
         self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd, sharing_labels)
         if error:
             self.stats.inventory_errors[name] = error
@@ -296,8 +299,7 @@ class ClusterCache:
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
             return
-        vram = self._pod_vram(pod) if self._pod_vram is not None and NVIDIA_GPU in requests else None
-        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests, vram)
+        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests, pod if NVIDIA_GPU in requests else None)
         if self._pods.get(uid) == entry:
             return
         self._remove_pod(uid)
@@ -371,7 +373,7 @@ class ClusterCache:
         if not pods:
             return NodeAllocation()
         if node.view is not None and node.view.sharing is not None:
-            return _shared_allocation(node.view, pods)
+            return _shared_allocation(node.view, pods, self._pod_vram)
         live = {p.key for p in pods}
         held: dict[str, str] = {}
         named: set[str] = set()
@@ -451,19 +453,33 @@ MAX_REPLICAS_PER_POD = 64
 """Replicas of one pod counted on a shared node (a pod bound by another scheduler may hold several)."""
 
 
-def _shared_allocation(view: NodeView, pods: list[_Pod]) -> NodeAllocation:
+def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: Callable[[Pod], int | None] | None) -> NodeAllocation:
     """On a node whose GPUs are shared: per GPU the VRAM needs of the pods the agent lists on it
-    (``allocatedTo``, comma-separated), those of the other ``nvidia.com/gpu`` pods as unplaced,
-    and every other resource's pods as anonymous, as on any node."""
+    (``allocatedTo``, comma-separated; a name once per GPU, at most ``replicas`` of them), each
+    pod's other replicas as unplaced, and every other resource's pods as anonymous, as on any
+    node. A need is estimated when the node's state is built (``pod_vram``, the policy in force
+    then; None without it: unknown, counted as the whole GPU)."""
+    replicas = view.sharing.replicas if view.sharing is not None else 1
     by_key = {p.key: p for p in pods if NVIDIA_GPU in p.requests}
+    needs: dict[str, int | None] = {}
+
+    def need(p: _Pod) -> int | None:
+        if p.key not in needs:
+            needs[p.key] = pod_vram(p.pod) if pod_vram is not None and p.pod is not None else None
+        return needs[p.key]
+
     shared: dict[str, tuple[int | None, ...]] = {}
-    named: set[str] = set()
+    placed: dict[str, int] = {}
     for u in view.units(NVIDIA_GPU):
-        holders = [by_key[k] for k in u.allocated_to.split(",") if k in by_key] if u.allocated_to else []
+        if not u.allocated_to:
+            continue
+        holders = [by_key[k] for k in dict.fromkeys(u.allocated_to.split(",")) if k in by_key][:replicas]
         if holders:
-            shared[u.uuid] = tuple(p.vram_bytes for p in holders)
-            named.update(p.key for p in holders)
-    unplaced = tuple(p.vram_bytes for k, p in by_key.items() if k not in named for _ in range(min(p.requests[NVIDIA_GPU], MAX_REPLICAS_PER_POD)))
+            shared[u.uuid] = tuple(need(p) for p in holders)
+            for p in holders:
+                placed[p.key] = placed.get(p.key, 0) + 1
+    unplaced = tuple(need(p) for k, p in by_key.items()
+                     for _ in range(max(0, min(p.requests[NVIDIA_GPU], MAX_REPLICAS_PER_POD) - placed.get(k, 0))))
     anonymous = _sum_requests({r: n for r, n in p.requests.items() if r != NVIDIA_GPU} for p in pods)
     return NodeAllocation(anonymous=anonymous, shared=shared, shared_unplaced=unplaced)
 

@@ -15,6 +15,7 @@ from typing import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler_extender.core.requirements import NVIDIA_GPU
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.cluster.pending import PendingGpuPods
 from scheduler_extender.cluster.sources import StateSource
@@ -29,13 +30,20 @@ def unit_states(state: NodeState) -> dict[str, str]:
 
     Units held by name are allocated; each resource's anonymous count (pods whose devices the
     agent has not named) marks that many of the remaining healthy units allocated, in index order.
+    A shared GPU (``core.sharing``) is allocated while a pod holds one of its replicas; pods the
+    agent has not placed yet count as anonymous.
     """
     out: dict[str, str] = {}
     if state.view is None:
         return out
     held = state.allocation.held
+    if state.view.sharing is not None:  # a shared GPU is allocated while a pod holds one of its replicas
+        shared = state.allocation.shared
+        held = {**held, **{uuid: "" for uuid, pods in shared.items() if pods}}
     for resource, units in state.view.units_by_resource.items():
         anonymous = state.allocation.anonymous.get(resource, 0)
+        if state.view.sharing is not None and resource == NVIDIA_GPU:
+            anonymous = min(len(units), len(state.allocation.shared_unplaced))  # on some GPU each, at most all
         for u in units:
             if not u.healthy:
                 out[u.uuid] = "unhealthy"

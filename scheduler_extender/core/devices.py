@@ -190,8 +190,12 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
 
 
 def allocatable_from_view(view: NodeView) -> dict[str, int]:
-    """The extended resources a device plugin would advertise for this inventory (healthy units)."""
-    return {r: sum(1 for u in units if u.healthy) for r, units in view.units_by_resource.items()}
+    """The extended resources a device plugin would advertise for this inventory (healthy units;
+    on a node whose GPUs are shared, ``replicas`` per healthy GPU)."""
+    out = {r: sum(1 for u in units if u.healthy) for r, units in view.units_by_resource.items()}
+    if view.sharing is not None and NVIDIA_GPU in out:
+        out[NVIDIA_GPU] *= view.sharing.replicas
+    return out
 
 
 @dataclass(frozen=True)

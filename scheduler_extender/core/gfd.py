@@ -65,6 +65,9 @@ def inventory_from_labels(node_name: str, labels: tuple[tuple[str, str], ...],
         return None
     # GFD writes the driver's name with spaces as '-'; the catalog matches names by tokens, so
     # "NVIDIA-A100-SXM4-80GB" and "NVIDIA A100-SXM4-80GB" are the same model.
+    # A shared GPU's product label ends in "-SHARED" (k8s-device-plugin internal/lm/resource.go,
+    # getProductName): the model is the same.
+    product = product.removesuffix("-SHARED")
     name = "NVIDIA " + product.removeprefix("NVIDIA-") if product.startswith("NVIDIA-") else product
     major, minor = found.get(CC_MAJOR, ""), found.get(CC_MINOR, "")
     cc = f"{int(major)}.{int(minor)}" if _DIGITS.match(major) and _DIGITS.match(minor) else None

@@ -46,13 +46,16 @@ class GpuSharing:
 
 
 def node_gpu_sharing(node: Mapping[str, Any] | None, allocatable: Mapping[str, int] | None,
-                     nvidia_gpus: int) -> GpuSharing | None:
+                     nvidia_gpus: int, all_healthy: bool = True) -> GpuSharing | None:
     """How the Node's ``nvidia.com/gpu`` is shared, or None (whole GPUs, or unknown).
 
     GPU feature discovery's ``nvidia.com/gpu.sharing-strategy`` (``time-slicing`` or ``mps``) with
-    ``nvidia.com/gpu.replicas`` >= 2; without those labels, ``status.allocatable`` ``nvidia.com/gpu``
-    equal to a whole multiple >= 2 of ``nvidia_gpus`` (the inventory's healthy full NVIDIA GPUs)
-    is read as time-slicing, the mode without memory isolation, so the budget errs safe.
+    ``nvidia.com/gpu.replicas`` >= 2 (the replicas label alone: time-slicing, as older GFD wrote
+    it only for that). Without those labels, ``status.allocatable`` ``nvidia.com/gpu`` equal to a
+    whole multiple >= 2 of ``nvidia_gpus`` (the inventory's full NVIDIA GPUs) is read as
+    time-slicing, the mode without memory isolation, so the budget errs safe; only when
+    ``all_healthy``: the device plugin advertises replicas of the GPUs it finds healthy, which
+    may not be the ones the agent does, and a wrong divisor would be a wrong replica count.
     """
     if nvidia_gpus <= 0:
         return None  # no full NVIDIA GPU to share (MIG replicas are not budgeted)
@@ -61,28 +64,29 @@ def node_gpu_sharing(node: Mapping[str, Any] | None, allocatable: Mapping[str, i
     if isinstance(labels, Mapping):
         strategy = labels.get(SHARING_STRATEGY_LABEL)
         replicas = _whole(labels.get(REPLICAS_LABEL))
-        if strategy in STRATEGIES and replicas is not None and replicas >= 2:
-            return GpuSharing(strategy, replicas, f"labels {SHARING_STRATEGY_LABEL}, {REPLICAS_LABEL}")
-        if strategy == "none" or (replicas is not None and replicas <= 1 and strategy is None):
+        if strategy in (*STRATEGIES, None) and replicas is not None and replicas >= 2:
+            return GpuSharing(strategy or "time-slicing", replicas,
+                              f"labels {SHARING_STRATEGY_LABEL}, {REPLICAS_LABEL}" if strategy else f"label {REPLICAS_LABEL}")
+        if strategy == "none" or (replicas is not None and replicas <= 1):
             return None  # GFD says so: whole GPUs
     advertised = (allocatable or {}).get("nvidia.com/gpu")
-    if advertised and advertised > nvidia_gpus and advertised % nvidia_gpus == 0:
+    if all_healthy and advertised and advertised > nvidia_gpus and advertised % nvidia_gpus == 0:
         return GpuSharing("time-slicing", advertised // nvidia_gpus,
                           f"allocatable nvidia.com/gpu {advertised} = {advertised // nvidia_gpus} x {nvidia_gpus} GPUs")
     return None
 
 
-def shareable_gpus(view: Any) -> int:
-    """The healthy full NVIDIA GPUs of a ``NodeView`` that the device plugin would replicate; 0
-    when ``nvidia.com/gpu`` holds MIG devices (MIG replicas are not budgeted here)."""
+def shareable_gpus(view: Any) -> tuple[int, bool]:
+    """(full NVIDIA GPUs, whether all are healthy) of a ``NodeView``, for ``node_gpu_sharing``;
+    (0, ...) when ``nvidia.com/gpu`` holds MIG devices (MIG replicas are not budgeted here)."""
     units = view.units("nvidia.com/gpu")
     if any(u.kind != "gpu" for u in units):
-        return 0
-    return sum(1 for u in units if u.healthy)
+        return 0, False
+    return len(units), all(u.healthy for u in units)
 
 
 def _whole(value: Any) -> int | None:
-    if not isinstance(value, str) or not value.isdigit() or len(value) > 6:
+    if not isinstance(value, str) or not (value.isascii() and value.isdigit()) or len(value) > 6:
         return None
     return int(value)
 

@@ -175,3 +175,65 @@ def test_among_shared_nodes_the_score_fills_the_replicas_already_in_use_first():
     scores = ENGINE.score(job, states, ENGINE.filter(job, states, None))
     assert scores["ts-1"].components["packing"] > scores["ts-0"].components["packing"]
     assert scores["ts-1"].value > scores["ts-0"].value  # the unrounded score, which breaks ties of the 0-10 integer
+
+
+# ---- what the device plugin and the agent may disagree on, and hand-made input ------------------
+
+def test_replicas_are_not_guessed_from_allocatable_while_the_agent_and_the_plugin_may_disagree_on_health():
+    # 4 GPUs x 4 replicas; the plugin already dropped GPU 3 (12 advertised) while the agent has not
+    assert node_gpu_sharing({"metadata": {"labels": {}}}, {"nvidia.com/gpu": 12}, 4, all_healthy=False) is None
+    assert node_gpu_sharing({"metadata": {"labels": {}}}, {"nvidia.com/gpu": 16}, 4, all_healthy=True).replicas == 4
+    c = cluster(node_obj("n", [gpu(0, **RTX_4090), gpu(1, **RTX_4090, healthy=False)], strategy=None))
+    assert c.state("n").view.sharing is None  # 2 advertised for 2 GPUs with one unhealthy: not shared
+    # the replicas label alone (older GFD wrote it only for time-slicing) is time-slicing
+    got = node_gpu_sharing({"metadata": {"labels": {"nvidia.com/gpu.replicas": "3"}}}, {"nvidia.com/gpu": 9}, 3, False)
+    assert (got.strategy, got.replicas) == ("time-slicing", 3)
+
+
+def test_an_inventory_claiming_more_gpus_than_the_replicas_advertised_is_refused():
+    c = cluster(node_obj("ts", [gpu(k, **RTX_4090) for k in range(4)], replicas=4, allocatable=4))
+    assert c.state("ts").view is None
+    assert "inventory claims 16 healthy nvidia.com/gpu, but the Node's status.allocatable has 4" in c.state("ts").inventory_error
+
+
+def test_a_pod_holding_two_replicas_of_one_gpu_counts_twice_in_replicas_and_vram():
+    g = [gpu(0, **RTX_4090)]
+    g[0]["allocatedTo"] = "default/two"
+    c = cluster(node_obj("ts", g, replicas=4))
+    c.replace_pods([bound(pod({"gpuplace.io/vram": "8Gi", "gpuplace.io/class": "small"}, gpus=2, name="two"), "ts")])
+    alloc = c.state("ts").allocation
+    assert len(alloc.shared[g[0]["uuid"]]) + len(alloc.shared_unplaced) == 2
+    assert c.snapshot()["nodes"]["ts"]["resources"]["nvidia.com/gpu"]["held"] == 2
+    assert "GPU 0: 8 GiB of 24 GiB VRAM left" in verdict(c, inference("new", "9Gi")).reason
+
+
+def test_a_name_repeated_in_allocated_to_counts_once():
+    g = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
+    g[0]["allocatedTo"] = ",".join(["default/a"] * 4)
+    c = cluster(node_obj("ts", g, replicas=4))
+    c.replace_pods([bound(inference("a", "20Gi"), "ts")])
+    assert c.state("ts").allocation.shared == {g[0]["uuid"]: (20 * 2**30,)}
+    refused = verdict(c, inference("new", "10Gi"))  # GPU 0 still has free replicas, and only 4 GiB
+    assert refused.reason.startswith("GPU 0: 4 GiB of 24 GiB VRAM left (1 pods share it)")
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0664", "1" * 7, "-2", " 4", "4.0", ""])
+def test_a_replicas_label_that_is_no_plain_number_is_not_read(value):
+    assert node_gpu_sharing({"metadata": {"labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing",
+                                                     "nvidia.com/gpu.replicas": value}}}, {"nvidia.com/gpu": 1}, 1) is None
+
+
+def test_gpu_metrics_show_a_shared_gpu_allocated_while_a_pod_holds_a_replica():
+    from scheduler_extender.cluster.cluster_metrics import unit_states
+    g = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
+    g[1]["allocatedTo"] = "default/a"
+    c = cluster(node_obj("ts", g, replicas=2))
+    c.replace_pods([bound(inference("a", "1Gi"), "ts")])
+    assert unit_states(c.state("ts")) == {g[0]["uuid"]: "free", g[1]["uuid"]: "allocated"}
+
+
+def test_a_shared_gpu_nodes_gfd_product_label_names_the_model_without_its_shared_suffix():
+    from scheduler_extender.core.gfd import inventory_from_labels
+    inv = inventory_from_labels("n", {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090-SHARED",
+                                      "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "24564"})
+    assert CAT.resolve_driver_name(inv.gpus[0].name).id == "rtx-4090"
