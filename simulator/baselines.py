@@ -8,8 +8,10 @@ random, as kube-scheduler's ``selectHost`` does.
 
 - ``gpuplace``: the pod's manifest through ``Engine.filter`` and ``Engine.score`` (the code the
   extender runs), on top of the CPU/memory filter. The node is picked as kube-scheduler picks it
-  with the extender configured at ``EXTENDER_WEIGHT``: extender score x weight x 10 plus the
-  default profile's scores (``kube_scores``, as ``spread``), then a random pick among ties.
+  with the extender as the chart installs it: ``/filter`` passes only the nodes of gpuplace's best
+  score (``filter_returns_best``, ``NodeScore.best_rank``) and the default profile's scores
+  (``kube_scores``, as ``spread``) choose among them, then a random pick among ties; with two
+  verbs, extender score x ``EXTENDER_WEIGHT`` x 10 plus those scores.
   The units are the filter's ``chosen``. A GPU-sharing pod is filtered and scored as a one-GPU
   pod against the node with the units that have less than its share free held
   (``Cluster.class_state``) and gets the best-fitting unit of the chosen node
@@ -122,9 +124,14 @@ class GpuplacePolicy:
     equivalence classes and the job memo of ``/filter``) and ``Engine.score_grouped`` (those of
     ``/prioritize``) over one engine state per class of simulated nodes."""
 
-    def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT) -> None:
+    def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT,
+                 filter_returns_best: bool = True) -> None:
         self.name = name
         self.extender_weight = extender_weight
+        # As the chart installs the extender (extender.filterReturnsBest): /filter passes only the
+        # nodes of the best score (``NodeScore.best_rank``), and kube-scheduler's own scores choose
+        # among those; False: filter + prioritize.
+        self.filter_returns_best = filter_returns_best
         self.engine = as_grouped(engine)
         self._jobs: dict[tuple, Job] = {}
         self.filter_calls = 0  # requests to the grouped filter (one per pod the extender is asked about)
@@ -187,10 +194,18 @@ class GpuplacePolicy:
             return None
         scored = self.engine.score_grouped(job, grouped, self.tracker.profile())
         by_class = np.full(cluster.class_total, -np.inf)
+        rank: dict[int, tuple[int, float]] = {}
         for cid, k in zip(live, state_of):
             sc = scored.scores[scored.score_of[k]]
             if sc is not None and verdicts[cid].passed and verdicts[cid].chosen:
                 by_class[cid] = sc.score
+                rank[cid] = sc.best_rank
+        if self.filter_returns_best and rank:
+            # ExtenderService._best_only_response: the others fail; kube-scheduler never scores them.
+            top = max(rank.values())
+            for cid, r in rank.items():
+                if r != top:
+                    by_class[cid] = -np.inf
         # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
         keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
         keys[~fits] = -np.inf

@@ -62,6 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                    help="pods of the generated LLM workload in replay mode (default 3000)")
     s.add_argument("--extender-weight", type=float, default=None, metavar="W",
                    help="the extender's weight in the kube-scheduler configuration (default 10, as installed)")
+    s.add_argument("--filter-returns-best", action=argparse.BooleanOptionalAction, default=True,
+                   help="model the extender as the chart installs it: /filter passes only gpuplace's best-scored "
+                        "nodes and kube-scheduler's own scores choose among them (default); "
+                        "--no-filter-returns-best: filter + prioritize, gpuplace's 0-10 score x weight x 10 "
+                        "added to kube-scheduler's")
     s.add_argument("--json", metavar="FILE", help="write the report as JSON")
     s.add_argument("--charts", metavar="DIR",
                    help="write gpu_milli_allocation.png, allocation_ratio.png and stranded_by_model.png")
@@ -162,7 +167,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
     # sample of its stream at the first seed (every seed draws from the same distribution).
     target = trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
-    policies = [GpuplacePolicy(engine, extender_weight=weight),
+    policies = [GpuplacePolicy(engine, extender_weight=weight, filter_returns_best=args.filter_returns_best),
                 *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, catalog) for b in baselines)]
     progress = None
     if not args.quiet and sys.stderr.isatty():
@@ -181,7 +186,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     result.meta = {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": fleet, "nodes": len(nodes),
                    "gpus": capacity, "skipped_cpu_only_pods": skipped, "cpu_only_pods": cpu_only,
-                   "extender_weight": weight,
+                   "extender_weight": weight, "filter_returns_best": args.filter_returns_best,
                    "policy": args.policy, "loads": [report.load_key(l) for l in loads],
                    "title": f"({args.trace}, {args.mode})"}
     print(report.render_table(result))

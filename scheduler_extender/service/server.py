@@ -458,9 +458,9 @@ class ExtenderService:
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         per_node = [scored.scores[i] for i in scored.score_of]
-        # The unrounded value breaks ties of the 0-10 integer (11 levels kube-scheduler accepts):
-        # with no prioritize call, kube-scheduler's own scores would pick among them instead.
-        rank = {id(sc): (sc.score, round(sc.value, 9)) for sc in per_node if sc is not None}
+        # The score's other components break ties of the 0-10 integer (11 levels kube-scheduler
+        # accepts): NodeScore.best_rank; kube-scheduler's own scores choose among what is left.
+        rank = {id(sc): sc.best_rank for sc in per_node if sc is not None}
         top = max(rank.values(), default=None)
         best = top[0] if top is not None else None
         first_best = next((i for i, sc in enumerate(per_node) if sc is not None and rank[id(sc)] == top), None)
@@ -476,7 +476,7 @@ class ExtenderService:
                 if r.passed and (sc is None or rank[id(sc)] == top):
                     passing.append(name)
                 elif r.passed:
-                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.value:.3f}) and another node "
+                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
                                     f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
                 else:
                     (unresolvable if r.unresolvable else failed)[name] = r.reason

@@ -288,3 +288,19 @@ def test_a_stream_of_heavy_and_light_pods_fills_every_gpu_where_the_one_pod_chec
         held[best] += 1
         cpu[best] -= int(c) * 1000
     assert held == {"poor": 4, "rich": 4}
+
+
+def test_one_trip_ranks_ties_of_the_integer_score_by_the_other_components_not_by_fragmentation():
+    """--filter-returns-best (NodeScore.best_rank): two T4 nodes that fragment differently by less
+    than a score step tie, and kube-scheduler's own scores choose between them; a cheaper model
+    within the same step still wins (the tie is broken by cost)."""
+    states = [node("t4-free", T4, 4, cpu=64000, mem_gib=256), node("t4-used", T4, 4, held=2, cpu=64000, mem_gib=256)]
+    workload = profile_of({UNCONSTRAINED: 50, DemandShape(GPU, 2, 8000, 32 * GIB): 1})
+    _, _, scores = decide(host_pod(), states, workload)
+    free, used = scores["t4-free"], scores["t4-used"]
+    assert free.components["fragmentation"] != used.components["fragmentation"]
+    assert free.value != used.value and free.score == used.score
+    assert free.best_rank == used.best_rank
+    states.append(node("a10", A10, 4, cpu=64000, mem_gib=256))
+    _, _, scores = decide(host_pod(), states, workload)
+    assert scores["t4-free"].best_rank > scores["a10"].best_rank  # the T4 is cheaper
