@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Container, Iterable, Mapping
 
 from scheduler_extender.cluster.cache import CacheStats
 from scheduler_extender.core.pod import PodShapeError, as_pod
@@ -49,8 +49,9 @@ class PendingGpuPods:
         self.nodes_synced = True  # not ours; ResourceWatcher only touches pods_synced for pods
         self.stats = CacheStats()
 
-    def _set(self, obj: Mapping[str, Any]) -> bool:
-        """Track ``obj``; True when it is a waiting GPU pod not tracked before."""
+    def _set(self, obj: Mapping[str, Any], before: Container[str] | None = None) -> bool:
+        """Track ``obj``; True when it is a waiting GPU pod not tracked before (not among
+        ``before``'s keys when given, else not in the tracker)."""
         try:
             pod = as_pod(obj)
         except PodShapeError:
@@ -59,7 +60,7 @@ class PendingGpuPods:
         if pod.spec.node_name or not requests:
             self._pods.pop(pod.key, None)
             return False
-        new = pod.key not in self._pods
+        new = pod.key not in (self._pods if before is None else before)
         self._pods[pod.key] = PendingPod(requests, _created(obj.get("metadata") or {}))
         return new
 
@@ -80,7 +81,7 @@ class PendingGpuPods:
         with self._lock:
             before = set(self._pods)
             self._pods.clear()
-            fresh = [obj for obj in objs if self._set(obj) and as_pod(obj).key not in before]
+            fresh = [obj for obj in objs if self._set(obj, before)]
             self.pods_synced = True
         if self._on_new is not None:
             for obj in fresh:

@@ -219,6 +219,10 @@ class NodeAllocation:
     def held_count(self) -> int:
         return len(self.held) + sum(self.anonymous.values())
 
+    def shared_replicas_in_use(self) -> int:
+        """Replicas of the node's shared GPUs that pods hold, placed or not (``shared``, ``shared_unplaced``)."""
+        return sum(len(p) for p in self.shared.values()) + len(self.shared_unplaced)
+
 
 EMPTY_ALLOCATION = NodeAllocation()
 
@@ -275,7 +279,7 @@ def resource_usage(view: NodeView | None, allocation: NodeAllocation) -> dict[st
             healthy = sum(1 for u in units if u.healthy)
             if view.sharing is not None and resource == NVIDIA_GPU:  # counted in replicas (core.sharing)
                 replicas = healthy * view.sharing.replicas
-                held = sum(len(p) for p in allocation.shared.values()) + len(allocation.shared_unplaced)
+                held = allocation.shared_replicas_in_use()
                 usage[resource] = {"allocatable": replicas, "held": held, "free": max(0, replicas - held)}
                 continue
             held = sum(1 for u in units if u.uuid in allocation.held) + allocation.anonymous.get(resource, 0)

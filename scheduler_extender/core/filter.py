@@ -419,9 +419,8 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
                       f"request 1 {NVIDIA_GPU} or use a node with whole GPUs"),))
     replicas = sharing.replicas
     held = {u.uuid: alloc.shared.get(u.uuid, ()) for u in eligible}
-    in_use = sum(len(p) for p in held.values()) + len(alloc.shared_unplaced)
     with_room = [u for u in eligible if len(held[u.uuid]) < replicas]
-    if in_use >= replicas * len(eligible) or not with_room:
+    if alloc.shared_replicas_in_use() >= replicas * len(eligible) or not with_room:
         return NodeResult(node, False, (Rejection(
             C_FREE, f"all {replicas * len(eligible)} replicas in use ({how})", resolvable=True),))
     need = job.vram.bytes_per_gpu if job.vram is not None else None

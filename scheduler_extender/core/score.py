@@ -103,8 +103,7 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     alloc = state.allocation
     if view.sharing is not None and job.req.resource == NVIDIA_GPU:
         # GPUs shared by replicas (core.sharing): fill the replicas already in use first.
-        in_use = sum(len(p) for p in alloc.shared.values()) + len(alloc.shared_unplaced)
-        return min(1.0, (in_use + 1) / (total * view.sharing.replicas))
+        return min(1.0, (alloc.shared_replicas_in_use() + 1) / (total * view.sharing.replicas))
     used_before = alloc.held_count()
     n = len(result.chosen)
     if used_before == 0 and total >= WHOLE_NODE_GPUS and n < total:

@@ -24,7 +24,7 @@ ENTRY_OVERHEAD_BYTES = 256
 
 def content_digest(data: bytes) -> bytes:
     """A 32-byte BLAKE2b digest of ``data``: memo keys of bounded size for content of any size
-    (a pod spec, an inventory annotation), as Kubernetes' own caches key by hash, not by text."""
+    (an inventory annotation), as Kubernetes' own caches key by hash, not by text."""
     return hashlib.blake2b(data, digest_size=32).digest()
 
 
