@@ -12,11 +12,12 @@ random, as kube-scheduler's ``selectHost`` does.
   score (``filter_returns_best``, ``NodeScore.best_rank``) and the default profile's scores
   (``kube_scores``, as ``spread``) choose among them, then a random pick among ties; with two
   verbs, extender score x ``EXTENDER_WEIGHT`` x 10 plus those scores.
-  The units are the filter's ``chosen``. A GPU-sharing pod is filtered and scored as a one-GPU
-  pod against the node with the units that have less than its share free held
-  (``Cluster.class_state``) and gets the best-fitting unit of the chosen node
-  (``Cluster.best_fit_unit``): the extender hands out whole devices and has no share of its own
-  to choose. A CPU-only pod never reaches the extender (``managedResources`` names GPU resources
+  The units are the filter's ``chosen``. A GPU-sharing pod's job carries its share
+  (``Job.gpu_milli``, as a GPU-sharing device plugin would grant it); it is filtered as a one-GPU
+  pod against the node with the units that have less than its share free held, and scored with
+  what sharing pods left of each unit (``NodeAllocation.partly_free_milli``; both from
+  ``Cluster.class_state``), so fragmentation counts shares as FGD does; it gets the filter's
+  chosen unit, the one with the least share left that holds it (the best fit). A CPU-only pod never reaches the extender (``managedResources`` names GPU resources
   only): the default profile places it, as ``spread``.
 - ``random``: any feasible node.
 - ``spread``: kube-scheduler's default profile: NodeResourcesFit ``LeastAllocated`` plus
@@ -39,6 +40,7 @@ first free GPUs by index, as the device plugin does, and for a sharing pod the b
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Protocol, Sequence
 
@@ -145,7 +147,10 @@ class GpuplacePolicy:
         key = (pod.signature, pod.cpu_milli, pod.memory_mib)
         j = self._jobs.get(key)
         if j is None:
-            j = self._jobs[key] = self.engine.job(pod.manifest())
+            j = self.engine.job(pod.manifest())
+            if pod.sharing:  # the share the GPU-sharing device plugin would give it
+                j = dataclasses.replace(j, gpu_milli=pod.gpu_milli)
+            j = self._jobs[key] = j
         return j
 
     def _grouped(self, pod: SimPod, cluster: Cluster, fits: np.ndarray
@@ -212,8 +217,6 @@ class GpuplacePolicy:
         i = _pick(keys, rng)
         if i is None:
             return None
-        if pod.sharing:
-            return i, (cluster.best_fit_unit(i, pod.gpu_milli),)
         cid = int(cluster.class_of[i])
         chosen = verdicts[cid].chosen
         state = cluster.class_state(cid, pod.gpu_milli)

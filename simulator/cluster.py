@@ -16,7 +16,8 @@ or memory), so the engine filters and scores one representative ``NodeState`` pe
 (``class_state``) instead of every node. A node moves to another class whenever a pod is placed
 on it or leaves it; classes are keyed by (view, free milli per unit). For a pod of ``m`` milli per
 GPU the class's state holds the units with less than ``m`` free (``class_state(cid, m)``): for a
-whole-GPU pod every unit with a share taken. When the policy scores fragmentation, the engine
+whole-GPU pod every unit with a share taken; and it lists what is left of each partly taken unit
+(``NodeAllocation.partly_free_milli``), which the score's fragmentation reads. When the policy scores fragmentation, the engine
 reads the node's free CPU and memory too (``NodeState.cpu_milli_free``, ``memory_bytes_free``):
 they join the key, so partly used nodes then each form their own class.
 """
@@ -139,12 +140,14 @@ class Cluster:
         if state is None:
             view, units, free, names, cpu, mem = self._class_keys[cid]
             held_ix = tuple(j for j, f in enumerate(free) if f < milli)
-            key = (id(view), held_ix, cpu, mem)
+            partly = tuple((j, f) for j, f in enumerate(free) if 0 < f < MILLI)
+            key = (id(view), held_ix, partly, cpu, mem)
             state = self._engine_states.get(key)
             if state is None:
                 held = {units[j].uuid: names.get(units[j].uuid, "") for j in held_ix}
+                allocation = NodeAllocation(held=held, partly_free_milli={units[j].uuid: f for j, f in partly})
                 state = NodeState(name=f"state-{len(self._engine_states)}", view=view,
-                                  allocation=NodeAllocation(held=held), cpu_milli_free=cpu, memory_bytes_free=mem)
+                                  allocation=allocation, cpu_milli_free=cpu, memory_bytes_free=mem)
                 self._engine_states[key] = state
             self._class_states[(cid, milli)] = state
         return state

@@ -25,6 +25,10 @@ from scheduler_extender.core.requirements import AMD_GPU, NVIDIA_GPU, mig_resour
 from scheduler_extender.core.sharing import GpuSharing
 
 
+MILLI = 1000
+"""Thousandths of a unit in one unit: the measure of a GPU-sharing pod's share (FGD's ``MILLI``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Unit:
     """One device a pod can be given: a full GPU or a MIG device.
@@ -215,6 +219,11 @@ class NodeAllocation:
     None: unknown) of the pods holding its replicas, as the agent placed them."""
     shared_unplaced: tuple[int | None, ...] = ()
     """... and of the pods bound there that no ``allocatedTo`` names yet: on some GPU, which is unknown."""
+    partly_free_milli: Mapping[str, int] = field(default_factory=dict)
+    """Unit UUID -> thousandths of the unit still free, for units GPU-sharing pods hold a share of
+    (``Job.gpu_milli`` < 1000), whether or not ``held`` lists them; a unit not listed is wholly free
+    unless held. Read by the score's fragmentation only (``score.free_models``): which units a pod
+    may be given is ``held``. Filled by ``gpuplace simulate``'s share model."""
 
     def held_count(self) -> int:
         return len(self.held) + sum(self.anonymous.values())

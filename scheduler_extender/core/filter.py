@@ -19,7 +19,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
-from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, Unit
+from scheduler_extender.core.devices import MILLI, NodeAllocation, NodeState, NodeView, Unit
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib
@@ -388,6 +388,11 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
     alloc = state.allocation
     held = alloc.held
     free = [units[i] for i in eligible_at if units[i].uuid not in held]
+    partly = alloc.partly_free_milli
+    if partly and job.gpu_milli < MILLI:
+        # A share of a GPU: the unit with the least left that holds it first (best fit, as GPU-sharing
+        # schedulers choose; FGD's simulator, gpuSelMethod "best"), best-fit order among equals.
+        free.sort(key=lambda u: partly.get(u.uuid, MILLI))
     anonymous = alloc.anonymous.get(resource, 0)
     free_count = len(free) - anonymous
     if free_count < n:

@@ -42,6 +42,11 @@ class Job:
     tenant_denial: str | None = None
     cpu_milli: int | None = None  # the pod's CPU request (millicores); None: none given
     memory_bytes: int | None = None  # the pod's memory request; None: none given
+    gpu_milli: int = 1000
+    """Thousandths of each of its GPUs the pod takes: 1000, whole GPUs; below (one GPU) a share of
+    a GPU that other such pods take the rest of (FGD's ``gpu_milli``, Alibaba's GPU-sharing
+    scheduler). The score's fragmentation reads it with ``NodeAllocation.partly_free_milli``; no
+    annotation sets it: ``gpuplace simulate`` does, for openb's GPU-sharing pods."""
 
     @property
     def errors(self):  # noqa: ANN201 - tuple of AnnotationError

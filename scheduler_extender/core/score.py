@@ -21,7 +21,9 @@ policy), x10, rounded. Components, in order of default weight:
   whatever their CPU and memory, which stranded GPUs on the openb trace at 130 % load (README
   "Simulate before you deploy").
 - ``fragmentation``: keep free GPUs usable by the pods the cluster sees: how much placing the pod
-  raises the node's expected unusable free GPUs against the learned target workload
+  raises the node's expected unusable free GPUs (a GPU that sharing pods hold part of counts its
+  free share, ``NodeAllocation.partly_free_milli``; a sharing pod takes ``Job.gpu_milli``) against
+  the learned target workload
   (``core.workload``; Weng et al., "Beware of Fragmentation", USENIX ATC'23, "fragmentation
   gradient descent"), plus how much it raises the free GPUs the node's free CPU and memory could
   not feed at the workload's mean request per GPU (``host_stranding_delta``, a look-ahead over all
@@ -51,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from scheduler_extender.core.devices import NodeState, Unit, free_units
+from scheduler_extender.core.devices import MILLI, NodeState, Unit, free_units
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
@@ -111,13 +113,25 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
     return min(1.0, (used_before + n) / total)
 
 
-FreeModels = tuple[frozenset[str], FreeByModel]
+FreeModels = tuple[Mapping[str, int], FreeByModel]
 
 
 def free_models(state: NodeState, resource: str) -> FreeModels:
-    """The UUIDs and the ``free_by_model`` of ``devices.free_units`` of ``resource`` on the node."""
+    """The free thousandths of the node's units of ``resource`` that have any (UUID -> 1 to 1000)
+    and their ``free_by_model``: ``devices.free_units`` wholly free, unless
+    ``NodeAllocation.partly_free_milli`` lists what GPU-sharing pods left of them, plus the healthy
+    units it lists that are held for this pod (too little left for it)."""
     free = free_units(state.view, state.allocation, resource)
-    return frozenset(u.uuid for u in free), free_by_model(free)
+    partly = state.allocation.partly_free_milli
+    if not partly:
+        return {u.uuid: MILLI for u in free}, free_by_model(free)
+    levels = {u.uuid: partly.get(u.uuid, MILLI) for u in free}
+    units = list(free)
+    for u in state.view.units(resource) if state.view is not None else ():
+        if u.uuid in partly and u.uuid not in levels and u.healthy and partly[u.uuid] > 0:
+            levels[u.uuid] = partly[u.uuid]
+            units.append(u)
+    return levels, free_by_model(units, levels)
 
 
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
@@ -125,10 +139,11 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
     the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
     the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
-    both are known. ``free``: ``free_models(state, resource)`` when the caller has it already."""
+    both are known. ``free``: ``free_models(state, resource)`` when the caller has it already.
+    The pod takes ``Job.gpu_milli`` of each unit (a GPU-sharing pod, a share)."""
     resource = job.req.resource or ""
-    free_uuids, before = free or free_models(state, resource)
-    taken = [u for u in chosen if u.uuid in free_uuids]
+    levels, before = free or free_models(state, resource)
+    taken = [(u, levels[u.uuid], job.gpu_milli) for u in chosen if u.uuid in levels]
     after = free_by_model_minus(before, taken) if taken else before
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     before_f = workload.fragmentation(resource, before, cpu, mem)
@@ -148,9 +163,9 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     if cpu is None and mem is None:
         return 0.0
-    free_uuids, before = free or free_models(state, resource)
-    g_before = sum(n for _, n in before)
-    g_after = g_before - sum(1 for u in chosen if u.uuid in free_uuids)
+    levels, before = free or free_models(state, resource)
+    g_before = sum(level * n for _, level, n in before) / MILLI
+    g_after = g_before - sum(min(levels.get(u.uuid, 0), job.gpu_milli) for u in chosen) / MILLI
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
     return (workload.host_stranding(resource, g_after, cpu_after, mem_after)

@@ -7,8 +7,11 @@ workload*, the distribution of recent tasks' demands: for one task, the node's f
 fragments when the task cannot run there (too few free GPUs, too little CPU or memory, a GPU model
 it may not use); over the workload, the fragmentation is the popularity-weighted sum. Their
 scheduler places each task where it increases that sum least ("fragmentation gradient descent").
-gpuplace hands out whole devices, so the paper's partial-GPU case does not arise: a task that fits
-leaves no fragment.
+A device is counted by its free share, in thousandths (a wholly free one 1000; one that GPU-sharing
+pods hold part of, ``NodeAllocation.partly_free_milli``, what they left), and a task by the share
+of each device it takes (``DemandShape.gpu_milli``): where the task fits, the free shares of the
+devices too small for it are its fragment (the paper's case Q-III); where it does not, all of them.
+With whole devices only, a task that fits leaves no fragment.
 
 - ``DemandShape``: one kind of pod (device resource and count, CPU, memory, allowed models);
 - ``WorkloadTracker``: a decayed histogram of the shapes seen (the extender feeds it the pods
@@ -27,7 +30,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Mapping
 
-from scheduler_extender.core.devices import Unit
+from scheduler_extender.core.devices import MILLI, Unit
 from scheduler_extender.core.job import Job
 
 DEFAULT_HALF_LIFE_PODS = 2000
@@ -68,6 +71,12 @@ class DemandShape:
     memory_bytes: int | None = None
     allowed_models: frozenset[str] | None = None
     denied_models: frozenset[str] = frozenset()
+    gpu_milli: int = 1000  # thousandths of each device it takes (``Job.gpu_milli``)
+
+    @property
+    def devices(self) -> float:
+        """Devices' worth it takes: ``gpus`` x ``gpu_milli`` / 1000."""
+        return self.gpus * self.gpu_milli / MILLI
 
     def usable(self, model: str) -> bool:
         """May this shape run on a device of catalog id ``model`` (``mig:<id>`` for a MIG device:
@@ -78,8 +87,9 @@ class DemandShape:
 
 
 MIG_KEY = "mig:"
-FreeByModel = tuple[tuple[str, int], ...]
-"""A node's free devices of one resource, per catalog id (``""`` for a GPU not in the catalog), sorted."""
+FreeByModel = tuple[tuple[str, int, int], ...]
+"""A node's free devices of one resource: (catalog id (``""`` for a GPU not in the catalog), free
+thousandths, count), sorted; a wholly free device has 1000 free, a device with none free is left out."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,32 +157,56 @@ class WorkloadProfile:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        total_free = sum(n for _, n in free)
-        share = 0.0
-        for s, w in shapes:
-            if s.gpus > total_free:
-                continue
-            if ci is not None and s.cpu_milli is not None and s.cpu_milli > cpu_milli_free:  # type: ignore[operator]
-                continue
-            if mi is not None and s.memory_bytes is not None and s.memory_bytes > memory_bytes_free:  # type: ignore[operator]
-                continue
-            if (s.allowed_models is not None or s.denied_models) and sum(
-                    n for m, n in free if s.usable(m)) < s.gpus:
-                continue
-            share += w
+        share = self._measure(shapes, free, ci, mi, cpu_milli_free, memory_bytes_free)[0]
+        self._remember(key, share)
+        return share
+
+    def _remember(self, key: tuple, value: float) -> None:
         if len(self._memo) > 200_000:
             self._memo.clear()
-        self._memo[key] = share
-        return share
+        self._memo[key] = value
+
+    @staticmethod
+    def _measure(shapes: list[tuple[DemandShape, float]], free: FreeByModel, ci: int | None, mi: int | None,
+                 cpu_milli_free: int | None, memory_bytes_free: int | None) -> tuple[float, float]:
+        """(share of the shapes that fit, their expected fragment in thousandths): a shape fits
+        with ``gpus`` usable devices that have its ``gpu_milli`` free and its CPU/memory free; its
+        fragment is then the free share of the devices with less than its ``gpu_milli`` free, else
+        all the free share (module docstring)."""
+        total_milli = sum(level * n for _, level, n in free)
+        share = fragment = 0.0
+        for s, w in shapes:
+            fits = not (ci is not None and s.cpu_milli is not None and s.cpu_milli > cpu_milli_free  # type: ignore[operator]
+                        or mi is not None and s.memory_bytes is not None and s.memory_bytes > memory_bytes_free)  # type: ignore[operator]
+            if fits:
+                constrained = s.allowed_models is not None or bool(s.denied_models)
+                fits = sum(n for m, level, n in free
+                           if level >= s.gpu_milli and (not constrained or s.usable(m))) >= s.gpus
+            if fits:
+                share += w
+                fragment += w * sum(level * n for _, level, n in free if level < s.gpu_milli)
+            else:
+                fragment += w * total_milli
+        return share, fragment
 
     def fragmentation(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
                       memory_bytes_free: int | None) -> float:
-        """Expected free devices the workload cannot use on such a node (FGD's F_n(M)): free devices
-        x share of the workload that does not fit. 0 to the node's free device count."""
-        total_free = sum(n for _, n in free)
-        if total_free == 0:
+        """Expected free devices the workload cannot use on such a node (FGD's F_n(M), in devices:
+        thousandths / 1000; module docstring). 0 to the node's free devices (with whole devices
+        only: free devices x share of the workload that does not fit)."""
+        if not free:
             return 0.0
-        return total_free * (1.0 - self.fit_share(resource, free, cpu_milli_free, memory_bytes_free))
+        group = self._by_resource.get(resource)
+        if group is None:
+            return 0.0
+        ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
+        key = ("fragmentation", resource, free, ci, mi)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        value = self._measure(group[0], free, ci, mi, cpu_milli_free, memory_bytes_free)[1] / MILLI
+        self._remember(key, value)
+        return value
 
 
     def mean_request_per_device(self, resource: str) -> tuple[float | None, float | None]:
@@ -181,7 +215,7 @@ class WorkloadProfile:
         that request; None when none does (or the resource was not seen)."""
         return self._per_device.get(resource, (None, None))
 
-    def host_stranding(self, resource: str, free_devices: int, cpu_milli_free: int | None,
+    def host_stranding(self, resource: str, free_devices: float, cpu_milli_free: int | None,
                        memory_bytes_free: int | None) -> float:
         """Free devices a node's free CPU or memory could not feed, were they filled with the
         workload's mean pod: ``g - min(g, C / c, M / m)`` for ``g`` free devices, ``C`` / ``M`` free
@@ -211,7 +245,7 @@ class WorkloadProfile:
 
 
 def _mean_per_device(shapes: list[tuple[DemandShape, float]], attr: str) -> float | None:
-    known = [(v, s.gpus, w) for s, w in shapes if (v := getattr(s, attr)) is not None]
+    known = [(v, s.devices, w) for s, w in shapes if (v := getattr(s, attr)) is not None]
     devices = sum(g * w for _, g, w in known)
     return sum(v * w for v, _, w in known) / devices if devices > 0 else None
 
@@ -275,27 +309,31 @@ class WorkloadTracker:
 
 def _shape_key(item: tuple[DemandShape, float]) -> tuple:
     s = item[0]
-    return (s.resource, s.gpus, s.cpu_milli or 0, s.memory_bytes or 0, sorted(s.allowed_models or ()),
+    return (s.resource, s.gpus, s.gpu_milli, s.cpu_milli or 0, s.memory_bytes or 0, sorted(s.allowed_models or ()),
             sorted(s.denied_models))
 
 
-def free_by_model(units: Iterable[Unit]) -> FreeByModel:
+def free_by_model(units: Iterable[Unit], levels: Mapping[str, int] | None = None) -> FreeByModel:
     """``FreeByModel`` of a list of units: catalog id (``""`` when not in the catalog), prefixed
-    with ``mig:`` for MIG devices."""
-    counts: dict[str, int] = {}
+    with ``mig:`` for MIG devices; each unit's free thousandths from ``levels`` (by UUID), 1000
+    where it is not listed."""
+    counts: dict[tuple[str, int], int] = {}
     for u in units:  # a plain dict: a Counter costs more to build than these few units
-        k = _model_key(u)
+        k = (_model_key(u), MILLI if levels is None else levels.get(u.uuid, MILLI))
         counts[k] = counts.get(k, 0) + 1
-    return tuple(sorted(counts.items()))
+    return tuple(sorted((m, level, n) for (m, level), n in counts.items() if level > 0))
 
 
-def free_by_model_minus(free: FreeByModel, taken: Iterable[Unit]) -> FreeByModel:
-    """``free`` with ``taken`` (units counted in it) removed: ``free_by_model`` of the difference."""
-    counts = dict(free)
-    for u in taken:
+def free_by_model_minus(free: FreeByModel, taken: Iterable[tuple[Unit, int, int]]) -> FreeByModel:
+    """``free`` after pods take shares of units counted in it: ``taken`` lists (unit, its free
+    thousandths before, thousandths taken)."""
+    counts = {(m, level): n for m, level, n in free}
+    for u, level, milli in taken:
         k = _model_key(u)
-        counts[k] = counts.get(k, 0) - 1
-    return tuple(sorted((k, n) for k, n in counts.items() if n > 0))
+        counts[(k, level)] = counts.get((k, level), 0) - 1
+        after = (k, max(0, level - milli))
+        counts[after] = counts.get(after, 0) + 1
+    return tuple(sorted((m, level, n) for (m, level), n in counts.items() if n > 0 and level > 0))
 
 
 def _model_key(u: Unit) -> str:
@@ -320,4 +358,4 @@ def demand_shape(job: Job) -> DemandShape | None:
         allowed = job.class_allowed_models if allowed is None else allowed & job.class_allowed_models
     return DemandShape(resource=req.resource, gpus=req.gpu_count, cpu_milli=job.cpu_milli,
                        memory_bytes=job.memory_bytes, allowed_models=allowed,
-                       denied_models=req.excluded_models | job.class_denied_models)
+                       denied_models=req.excluded_models | job.class_denied_models, gpu_milli=job.gpu_milli)

@@ -254,8 +254,11 @@ def state_key(state: NodeState, resource: str | None) -> int:
         # A shared GPU's pods, by position: what the shared-GPU criterion reads (core.sharing).
         shared = (tuple(alloc.shared.get(u.uuid, ()) for u in view.units_by_resource[resource]), alloc.shared_unplaced
                   ) if view.sharing is not None else None
+        # Shares left on partly used units, by position: what the score's fragmentation reads.
+        partly = tuple(alloc.partly_free_milli.get(u.uuid) for u in view.units_by_resource[resource]
+                       ) if alloc.partly_free_milli else None
         key = (view_signature(view), resource, _held_signature(view, resource, alloc.held.keys()),
-               alloc.held_count(), alloc.anonymous.get(resource, 0), shared, others)
+               alloc.held_count(), alloc.anonymous.get(resource, 0), shared, partly, others)
     try:
         number = _intern(key)
     except TypeError:  # an unhashable field: this state is a class of its own

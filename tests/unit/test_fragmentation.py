@@ -1,5 +1,6 @@
 """The fragmentation score component and the learned target workload (table-driven scenarios)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -304,3 +305,78 @@ def test_one_trip_ranks_ties_of_the_integer_score_by_the_other_components_not_by
     states.append(node("a10", A10, 4, cpu=64000, mem_gib=256))
     _, _, scores = decide(host_pod(), states, workload)
     assert scores["t4-free"].best_rank > scores["a10"].best_rank  # the T4 is cheaper
+
+
+# GPU shares (Job.gpu_milli, NodeAllocation.partly_free_milli): FGD's measure in thousandths.
+HALF = DemandShape(GPU, 1, None, None, gpu_milli=500)
+WHOLE = DemandShape(GPU, 1, None, None)
+
+
+def shared_node(name, levels, spec=T4, milli=1000):
+    """A node whose GPU j has ``levels[j]`` thousandths free (1000: wholly free, 0: taken), as a
+    pod taking ``milli`` of a GPU sees it: the GPUs with less left are held (``Cluster.class_state``)."""
+    inv = parse_inventory(inventory(name, [gpu(i, **spec) for i in range(len(levels))]))
+    view = build_node_view(inv, CAT)
+    units = view.units(GPU)
+    partly = {u.uuid: f for u, f in zip(units, levels) if 0 < f < 1000}
+    held = {u.uuid: "default/sharer" for u, f in zip(units, levels) if f < milli}
+    return NodeState(name, view, NodeAllocation(held=held, partly_free_milli=partly))
+
+
+@pytest.mark.parametrize("mix, levels, expected", [
+    # whole-GPU pods cannot use what sharing pods left of a GPU: 300 thousandths are a fragment
+    ({WHOLE: 1}, (300, 1000), 0.3),
+    # half-GPU pods use a GPU with 500 left, not one with 300
+    ({HALF: 1}, (300, 500), 0.3),
+    # a shape that fits nowhere on the node: every free thousandth is a fragment
+    ({DemandShape(GPU, 2, None, None): 1}, (300, 1000), 1.3),
+    # weighted by the shapes' shares
+    ({WHOLE: 1, HALF: 1}, (300, 600), 0.5 * 0.9 + 0.5 * 0.3),
+])
+def test_fragmentation_counts_the_free_share_of_gpus_too_small_for_each_shape(mix, levels, expected):
+    from scheduler_extender.core.score import free_models
+    state = shared_node("n", levels)
+    _, free = free_models(state, GPU)
+    assert profile_of(mix).fragmentation(GPU, free, None, None) == pytest.approx(expected)
+
+
+def test_whole_devices_only_keep_the_measure_free_gpus_times_the_share_that_does_not_fit():
+    profile = profile_of({WHOLE: 1, DemandShape(GPU, 4, None, None): 1})
+    free = (("t4", 1000, 2),)
+    assert profile.fragmentation(GPU, free, None, None) == pytest.approx(2 * profile.fit_share(GPU, free, None, None))
+    assert profile.fit_share(GPU, free, None, None) == pytest.approx(0.5)
+
+
+def test_a_sharing_pod_fills_a_partly_used_gpu_before_breaking_a_whole_one():
+    """Under a workload of whole-GPU pods, half a GPU taken from a wholly free GPU leaves a
+    fragment of 500; taking the 500 left of a half-used GPU removes one."""
+    workload = profile_of({WHOLE: 3, HALF: 1})
+    job = dataclasses.replace(ENGINE.job(pod(gpus=1)), gpu_milli=500)
+    states = [shared_node("fresh", (1000, 1000), milli=500), shared_node("half-used", (500, 1000), milli=500)]
+    results = ENGINE.filter(job, states, None)
+    scores = ENGINE.score(job, states, results, workload)
+    assert scores["half-used"].score > scores["fresh"].score
+    assert fragmentation_delta(job, states[1], results[1].chosen, workload) < 0 < fragmentation_delta(
+        job, states[0], results[0].chosen, workload)
+
+
+def test_a_sharing_pod_is_given_the_gpu_with_the_least_share_left_that_holds_it():
+    job = dataclasses.replace(ENGINE.job(pod(gpus=1)), gpu_milli=400)
+    state = shared_node("n", (1000, 700, 450, 300), milli=400)
+    [result] = ENGINE.filter(job, [state], None)
+    assert [u.gpu_index for u in result.chosen] == [2]
+    whole = ENGINE.job(pod(gpus=1))  # a whole-GPU pod gets a wholly free GPU
+    assert [u.gpu_index for u in ENGINE.filter(whole, [shared_node("n", (1000, 700, 450, 300))], None)[0].chosen] == [0]
+
+
+def test_states_that_differ_only_in_the_shares_left_are_not_one_equivalence_class():
+    from scheduler_extender.fast.equivalence import state_key
+    a, b = shared_node("a", (500, 1000)), shared_node("b", (300, 1000))
+    assert state_key(a, GPU) != state_key(b, GPU)
+    assert state_key(a, GPU) == state_key(shared_node("c", (500, 1000)), GPU)
+
+
+def test_demand_shape_carries_the_pods_gpu_share():
+    job = dataclasses.replace(ENGINE.job(pod(gpus=1)), gpu_milli=250)
+    shape = demand_shape(job)
+    assert shape.gpu_milli == 250 and shape.devices == pytest.approx(0.25)
