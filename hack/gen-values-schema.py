@@ -155,6 +155,7 @@ def values_schema() -> dict[str, Any]:
                     "httpTimeoutSeconds": {"type": "number", "exclusiveMinimum": 0},
                     "ignorable": {"type": "boolean"},
                     "nodeCacheCapable": {"type": "boolean"},
+                    "cpuOnlyPods": {"type": "boolean"},
                     "managedResources": {"type": "array", "items": s(pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")},
                 }),
                 "resources": RESOURCES, **PLACEMENT, **EXTRA,

@@ -127,8 +127,11 @@ class GpuplacePolicy:
     ``/prioritize``) over one engine state per class of simulated nodes."""
 
     def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT,
-                 filter_returns_best: bool = True) -> None:
+                 filter_returns_best: bool = True, cpu_only_pods: bool = True) -> None:
         self.name = name
+        # As the chart installs the extender (scheduler.extender.cpuOnlyPods): kube-scheduler asks it
+        # about pods without GPUs too; False: the default profile places them alone.
+        self.cpu_only_pods = cpu_only_pods
         self.extender_weight = extender_weight
         # As the chart installs the extender (extender.filterReturnsBest): /filter passes only the
         # nodes of the best score (``NodeScore.best_rank``), and kube-scheduler's own scores choose
@@ -187,8 +190,10 @@ class GpuplacePolicy:
 
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random) -> Choice | None:
         fits = cluster.fits_resources(pod)
-        if pod.gpus == 0:  # no GPU request: kube-scheduler's default profile alone
-            i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)
+        if pod.gpus == 0:
+            if self.cpu_only_pods:
+                return self._choose_without_gpus(pod, cluster, fits, rng)
+            i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)  # the default profile alone
             return None if i is None else (i, ())
         job, live, state_of, grouped = self._grouped(pod, cluster, fits)
         shape = demand_shape(job)
@@ -205,16 +210,7 @@ class GpuplacePolicy:
             if sc is not None and verdicts[cid].passed and verdicts[cid].chosen:
                 by_class[cid] = sc.score
                 rank[cid] = sc.best_rank
-        if self.filter_returns_best and rank:
-            # ExtenderService._best_only_response: the others fail; kube-scheduler never scores them.
-            top = max(rank.values())
-            for cid, r in rank.items():
-                if r != top:
-                    by_class[cid] = -np.inf
-        # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
-        keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
-        keys[~fits] = -np.inf
-        i = _pick(keys, rng)
+        i = self._pick_node(pod, cluster, fits, by_class, rank, rng)
         if i is None:
             return None
         cid = int(cluster.class_of[i])
@@ -226,6 +222,43 @@ class GpuplacePolicy:
             # plain filter's on its state (the devices, not the decision, differ).
             chosen = filter_node(job, state, self.engine.policy, None).chosen
         return i, chosen
+
+    def _choose_without_gpus(self, pod: SimPod, cluster: Cluster, fits: np.ndarray,
+                             rng: random.Random) -> Choice | None:
+        """A CPU-only pod sent to the extender (``cpu_only_pods``): scored on every node that fits
+        its CPU/memory (``Engine.score``: ``score._score_without_devices``), one state per class,
+        then picked as a GPU pod's node is."""
+        job = self.job(pod)
+        live = cluster.live_classes(fits)
+        if not live:
+            return None
+        state_of = [cluster.class_state(cid) for cid in live]
+        states = list({id(st): st for st in state_of}.values())
+        results = [NodeResult(st.name, True, untouched=True) for st in states]
+        scores = self.engine.score(job, states, results, self.tracker.profile())
+        by_class = np.full(cluster.class_total, -np.inf)
+        rank = {}
+        for cid, st in zip(live, state_of):
+            sc = scores[st.name]
+            by_class[cid] = sc.score
+            rank[cid] = sc.best_rank
+        i = self._pick_node(pod, cluster, fits, by_class, rank, rng)
+        return None if i is None else (i, ())
+
+    def _pick_node(self, pod: SimPod, cluster: Cluster, fits: np.ndarray, by_class: np.ndarray,
+                   rank: dict[int, tuple[int, float]], rng: random.Random) -> int | None:
+        """kube-scheduler's pick (class docstring) from the extender's score per class
+        (``by_class``) and ``NodeScore.best_rank`` per passing class (``rank``)."""
+        if self.filter_returns_best and rank:
+            # ExtenderService._best_only_response: the others fail; kube-scheduler never scores them.
+            top = max(rank.values())
+            for cid, r in rank.items():
+                if r != top:
+                    by_class[cid] = -np.inf
+        # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
+        keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
+        keys[~fits] = -np.inf
+        return _pick(keys, rng)
 
     def reset(self) -> None:
         self.tracker = WorkloadTracker()

@@ -67,6 +67,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                         "nodes and kube-scheduler's own scores choose among them (default); "
                         "--no-filter-returns-best: filter + prioritize, gpuplace's 0-10 score x weight x 10 "
                         "added to kube-scheduler's")
+    s.add_argument("--cpu-only-pods", action=argparse.BooleanOptionalAction, default=True,
+                   help="model the chart's scheduler.extender.cpuOnlyPods: kube-scheduler asks the extender about "
+                        "pods without GPUs too, and gpuplace places them where their CPU and memory leave the free "
+                        "GPUs most usable (default); --no-cpu-only-pods: the default profile places them alone")
     s.add_argument("--json", metavar="FILE", help="write the report as JSON")
     s.add_argument("--charts", metavar="DIR",
                    help="write gpu_milli_allocation.png, allocation_ratio.png and stranded_by_model.png")
@@ -167,7 +171,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
     # sample of its stream at the first seed (every seed draws from the same distribution).
     target = trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
-    policies = [GpuplacePolicy(engine, extender_weight=weight, filter_returns_best=args.filter_returns_best),
+    policies = [GpuplacePolicy(engine, extender_weight=weight, filter_returns_best=args.filter_returns_best,
+                               cpu_only_pods=args.cpu_only_pods),
                 *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, catalog) for b in baselines)]
     progress = None
     if not args.quiet and sys.stderr.isatty():
@@ -187,6 +192,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result.meta = {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": fleet, "nodes": len(nodes),
                    "gpus": capacity, "skipped_cpu_only_pods": skipped, "cpu_only_pods": cpu_only,
                    "extender_weight": weight, "filter_returns_best": args.filter_returns_best,
+                   "cpu_only_pods_to_extender": args.cpu_only_pods,
                    "policy": args.policy, "loads": [report.load_key(l) for l in loads],
                    "title": f"({args.trace}, {args.mode})"}
     print(report.render_table(result))

@@ -172,6 +172,43 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
             - workload.host_stranding(resource, g_before, cpu, mem))
 
 
+def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile) -> float:
+    """For a pod without devices: how much its CPU and memory requests raise the node's expected
+    unusable free devices (``fragmentation_delta`` plus ``host_stranding_delta`` with no device
+    taken), summed over the device resources of the workload; in devices, 0 or more. 0 on a node
+    whose CPU and memory are unknown, or with no device free."""
+    cpu, mem = state.cpu_milli_free, state.memory_bytes_free
+    if cpu is None and mem is None:
+        return 0.0
+    cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
+    mem_after = None if mem is None else mem - (job.memory_bytes or 0)
+    total = 0.0
+    for resource in workload.resources:
+        _, free = free_models(state, resource)
+        if not free:
+            continue
+        g = sum(level * n for _, level, n in free) / MILLI
+        total += (workload.fragmentation(resource, free, cpu_after, mem_after)
+                  - workload.fragmentation(resource, free, cpu, mem)
+                  + workload.host_stranding(resource, g, cpu_after, mem_after)
+                  - workload.host_stranding(resource, g, cpu, mem))
+    return total
+
+
+def devices_in_use(state: NodeState) -> float:
+    """Share of the node's devices (every resource's healthy units) that pods hold, 0 to 1; 1 for a
+    node without devices (its CPU serves no device). What sharing pods left of a unit counts as free."""
+    view = state.view
+    if view is None:
+        return 1.0
+    total = free = 0.0
+    for resource in view.units_by_resource:
+        levels, _ = free_models(state, resource)
+        total += sum(1 for u in view.units(resource) if u.healthy)
+        free += sum(levels.values()) / MILLI
+    return 1.0 - free / total if total else 1.0
+
+
 FRAG_SCALE_GPUS = 1.0
 """A candidate whose fragmentation increase exceeds the best candidate's by this many devices
 (or more) earns 0 on ``fragmentation``; in between, linearly."""
@@ -200,6 +237,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         One ``NodeScore`` per input, in input order.
     """
     w = policy.scoring
+    if job.req.resource is None:
+        return _score_without_devices(job, passed, policy, workload)
     gpu_pods = [(s, r) for s, r in passed if r.chosen]
     costs = {r.node: placement_cost(r.chosen, policy) for _, r in gpu_pods}
     min_cost = min(costs.values(), default=0.0)
@@ -252,6 +291,28 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost, value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
     return _last_resort(job, gpu_pods, out)
+
+
+def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
+                           workload: WorkloadProfile | None) -> list[NodeScore]:
+    """A pod that asks for no device (it reaches the extender when the chart sends every pod of its
+    scheduler there, ``scheduler.extender.cpuOnlyPods``): ``fragmentation`` of its CPU and memory
+    requests (``host_only_delta``), and ``packing``: the share of the node's devices in use
+    (``devices_in_use``), so that among nodes it does not fragment it goes where the CPU serves
+    the fewest free GPUs, as FGD places such pods. 0 everywhere without a learned workload, or
+    when the pod requests neither CPU nor memory (nothing of a node's changes)."""
+    w = policy.scoring
+    if not workload or w.fragmentation <= 0 or not passed or not (job.cpu_milli or job.memory_bytes):
+        return [NodeScore(r.node, 0, {}, 0.0) for _, r in passed]
+    frag = fragmentation_values({r.node: host_only_delta(job, s, workload) for s, r in passed})
+    out = []
+    weights = {"fragmentation": w.fragmentation, "packing": w.packing}
+    for state, result in passed:
+        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state)}
+        value = _weighted_mean(comps, weights)
+        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, 0.0, value=value,
+                             tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
+    return out
 
 
 def _weighted_mean(comps: Mapping[str, float], weights: Mapping[str, float], leave_out: str = "") -> float:

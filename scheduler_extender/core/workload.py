@@ -120,6 +120,11 @@ class WorkloadProfile:
     def __bool__(self) -> bool:
         return bool(self._by_resource)
 
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The device resources the workload has shapes for, sorted."""
+        return tuple(sorted(self._by_resource))
+
     def host_ranks(self, resource: str, cpu_milli_free: int | None,
                    memory_bytes_free: int | None) -> tuple[int | None, int | None]:
         """Where free CPU and memory fall among the requests of this resource's shapes (ranks;

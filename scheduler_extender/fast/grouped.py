@@ -420,6 +420,14 @@ class GroupedEngine(Engine):
         """
         resource = job.req.resource
         node_states = grouped.node_states
+        if resource is None and workload and self.policy.scoring.fragmentation and (job.cpu_milli or job.memory_bytes):
+            # A pod without devices is scored on each node's own free devices, CPU and memory
+            # (score._score_without_devices), which its filter classes leave out: node by node.
+            per_node = [grouped.results[g] for g in grouped.group_of]
+            results = [NodeResult(s.name, r.passed, r.rejections, r.chosen, r.untouched) for s, r in zip(node_states, per_node)]
+            by_name = self.score(job, node_states, results, workload)
+            return ScoredGroups([by_name.get(r.node) if r.passed else None for r in results], results,
+                                list(range(len(results))))
         passed = [r.passed for r in grouped.results]
         # A part: (class index, host class), or the class alone when nothing reads free CPU/memory.
         parts: list[tuple[Hashable, ...]]

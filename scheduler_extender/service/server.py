@@ -37,6 +37,7 @@ from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, Node
 from scheduler_extender.fast.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.score import NodeScore
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.service.explain import explain_decision
@@ -445,6 +446,8 @@ class ExtenderService:
                      + (" ..." if len(names) > 5 else ""))
         if best_only and not all(r.untouched for r in results if r.passed):
             return self._best_only_response(job, args, names, grouped)
+        if best_only and self._scores_without_devices(job):
+            return self._best_only_without_devices(job, args, names, grouped)
         if grouped.answer_key is not None:  # the classes of a remembered NodeNames list (``_named_states``)
             return self._answer("filter", grouped, lambda: self._filter_names_body(grouped))
         return self._answer("filter", grouped, lambda: dumps(self._filter_body(args, grouped)))
@@ -483,6 +486,41 @@ class ExtenderService:
             return dumps(self._result_body(args, passing, failed, unresolvable))
 
         return self._answer(("filter-best", workload.version), grouped, build)
+
+    def _scores_without_devices(self, job: Job) -> bool:
+        """Whether a pod that asks for no device is scored (``score._score_without_devices``): it
+        requests CPU or memory, and the learned workload and the ``fragmentation`` weight are there.
+        Such a pod reaches the extender when the chart sends it every pod of its scheduler
+        (``scheduler.extender.cpuOnlyPods``)."""
+        return (job.req.resource is None and not job.errors and bool(job.cpu_milli or job.memory_bytes)
+                and self.engine.policy.scoring.fragmentation > 0 and bool(self.workload_profile()))
+
+    def _node_scores_without_devices(self, job: Job, grouped: GroupedResults) -> list[NodeScore | None]:
+        """Per node (input order), the score of a pod without devices, computed on each node's own
+        state (``GroupedEngine.score_grouped``); None for a node that failed."""
+        scored = self.engine.score_grouped(job, grouped, self.workload_profile())  # node by node for such a pod
+        return [scored.scores[i] for i in scored.score_of]
+
+    def _best_only_without_devices(self, job: Job, args: ExtenderArgs, names: list[str],
+                                   grouped: GroupedResults) -> bytes:
+        """``_best_only_response`` for a pod without devices: the nodes of the best
+        ``NodeScore.best_rank`` pass, the other passing nodes fail, resolvable, with both scores."""
+        per_node = self._node_scores_without_devices(job, grouped)
+        top = max((sc.best_rank for sc in per_node if sc is not None), default=None)
+        passing: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, g, sc in zip(names, grouped.group_of, per_node):
+            r = grouped.results[g]
+            if sc is not None and sc.best_rank == top:
+                passing.append(name)
+            elif sc is not None:
+                failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
+                                f"{top[0]} ({top[1]:.3f}): this pod's CPU and memory would leave this node's free GPUs "
+                                "less usable (the extender's filter returns its best-scored nodes only)")
+            elif not r.passed:
+                (unresolvable if r.unresolvable else failed)[name] = r.reason
+        return dumps(self._result_body(args, passing, failed, unresolvable))
 
     def _filter_names_body(self, grouped: GroupedResults) -> bytes:
         """``_filter_body`` for ``NodeNames`` of a remembered node list (results with an
@@ -578,6 +616,9 @@ class ExtenderService:
     def prioritize_response(self, args: ExtenderArgs) -> bytes:
         """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes."""
         job, names, grouped = self._decide_grouped(args)
+        if self._scores_without_devices(job):
+            per_node = self._node_scores_without_devices(job, grouped)
+            return dumps([{"Host": n, "Score": sc.score if sc is not None else 0} for n, sc in zip(names, per_node)])
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         scores = scored.scores

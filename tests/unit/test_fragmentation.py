@@ -16,7 +16,7 @@ from scheduler_extender.core.workload import (
     DemandShape, WorkloadTracker, demand_shape, profile_of,
 )
 from scheduler_extender.service.server import ExtenderService
-from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.cluster.sources import ClusterSource, StaticSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod
 
@@ -380,3 +380,67 @@ def test_demand_shape_carries_the_pods_gpu_share():
     job = dataclasses.replace(ENGINE.job(pod(gpus=1)), gpu_milli=250)
     shape = demand_shape(job)
     assert shape.gpu_milli == 250 and shape.devices == pytest.approx(0.25)
+
+
+# ---- pods without GPUs (scheduler.extender.cpuOnlyPods) ----------------------------------------
+
+FEEDS_FOUR = DemandShape(GPU, 1, 15000, 8 * GIB)  # four of these fill a 64-core node's four GPUs
+
+
+def test_a_cpu_only_pod_goes_where_its_cpu_strands_no_free_gpu():
+    job = ENGINE.job(host_pod(gpus=None, cpu="8", memory="1Gi"))
+    assert job.req.resource is None
+    states = [node("busy", T4, 4, held=4, cpu=64000, mem_gib=256), node("free", T4, 4, cpu=64000, mem_gib=256)]
+    results = ENGINE.filter(job, states, None)
+    assert all(r.passed and r.untouched for r in results)
+    scores = ENGINE.score(job, states, results, profile_of({FEEDS_FOUR: 1}))
+    # on "free", 56 cores would feed three 15-core GPU pods: one of its four GPUs stranded
+    assert scores["busy"].score > scores["free"].score
+    assert scores["busy"].components["fragmentation"] == 1.0 > scores["free"].components["fragmentation"]
+
+
+def test_a_cpu_only_pod_that_strands_nothing_prefers_the_node_whose_gpus_are_in_use():
+    job = ENGINE.job(host_pod(gpus=None, cpu="1", memory="1Gi"))
+    states = [node("half", T4, 4, held=2, cpu=200000, mem_gib=512), node("free", T4, 4, cpu=200000, mem_gib=512)]
+    scores = ENGINE.score(job, states, ENGINE.filter(job, states, None), profile_of({FEEDS_FOUR: 1}))
+    assert scores["half"].components["fragmentation"] == scores["free"].components["fragmentation"]
+    assert scores["half"].best_rank > scores["free"].best_rank
+
+
+@pytest.mark.parametrize("workload", [None, profile_of({})])
+def test_a_cpu_only_pod_scores_zero_everywhere_without_a_learned_workload(workload):
+    job = ENGINE.job(host_pod(gpus=None, cpu="8", memory="1Gi"))
+    states = [node("busy", T4, 4, held=4, cpu=64000), node("free", T4, 4, cpu=64000)]
+    scores = ENGINE.score(job, states, ENGINE.filter(job, states, None), workload)
+    assert {s.score for s in scores.values()} == {0}
+
+
+def _cpu_only_service(best_only):
+    c = ClusterCache(CAT)
+    c.replace_nodes([_node_obj("gpu-4090-0"), _node_obj("gpu-4090-1")])
+    # gpu-4090-0: all four GPUs held; gpu-4090-1: all free, 64 cores
+    c.replace_pods([_bound(f"g{i}", "gpu-4090-0", "1", "1Gi", gpus=1) for i in range(4)])
+    service = ExtenderService(Engine(), ClusterSource(c, CAT))
+    service.filter_returns_best = best_only
+    for i in range(20):  # learn a workload of 15-core one-GPU pods
+        service.workload.observe(FEEDS_FOUR, key=f"w{i}")
+    return service
+
+
+def test_extender_filter_passes_a_cpu_only_pod_only_where_it_strands_no_gpu():
+    service = _cpu_only_service(best_only=True)
+    p = host_pod(gpus=None, cpu="8", memory="1Gi")
+    out = service.filter(parse_extender_args(json.dumps({"Pod": p, "NodeNames": ["gpu-4090-0", "gpu-4090-1"]}).encode()))
+    assert out["NodeNames"] == ["gpu-4090-0"]
+    assert "CPU and memory would leave" in out["FailedNodes"]["gpu-4090-1"]
+    scores = {s["Host"]: s["Score"] for s in _cpu_only_service(best_only=False).prioritize(
+        parse_extender_args(json.dumps({"Pod": p, "NodeNames": ["gpu-4090-0", "gpu-4090-1"]}).encode()))}
+    assert scores["gpu-4090-0"] > scores["gpu-4090-1"]
+
+
+def test_extender_passes_a_cpu_only_pod_everywhere_before_it_has_learned_a_workload():
+    service = _cpu_only_service(best_only=True)
+    service.workload = WorkloadTracker()
+    p = host_pod(gpus=None, cpu="8", memory="1Gi")
+    out = service.filter(parse_extender_args(json.dumps({"Pod": p, "NodeNames": ["gpu-4090-0", "gpu-4090-1"]}).encode()))
+    assert sorted(out["NodeNames"]) == ["gpu-4090-0", "gpu-4090-1"]

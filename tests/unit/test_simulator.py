@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scheduler_extender.fast.grouped import GroupedEngine
-from scheduler_extender.core.workload import WorkloadTracker
+from scheduler_extender.core.workload import WorkloadTracker, demand_shape
 from simulator import report
 from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
 from simulator.cluster import Cluster
@@ -580,3 +580,18 @@ def test_gpuplace_in_the_simulator_decides_on_the_grouped_path_the_extender_serv
     snaps = run_fill(fleet, [p for p, _ in zip(llm_pods(0), range(150))], policy, GroupedEngine(catalog=CAT), [1.0], 0)
     assert snaps[1.0].placed > 0
     assert calls["filter_grouped"] >= snaps[1.0].placed and calls["score_grouped"] > 0
+
+
+@pytest.mark.parametrize("cpu_only_pods, expected", [(True, "busy"), (False, "free")])
+def test_gpuplace_places_a_cpu_only_pod_where_its_cpu_strands_no_gpu_when_the_extender_is_asked(cpu_only_pods, expected):
+    # "busy": its two GPUs held, 40 cores left; "free": two free GPUs and 64 cores, which 30-core
+    # GPU pods need. The default profile alone (LeastAllocated) takes the emptier "free".
+    pol = GpuplacePolicy(ENGINE, cpu_only_pods=cpu_only_pods)
+    pol.tracker = WorkloadTracker(refresh_pods=1)
+    c = Cluster([node("busy", "t4", 2, 64000, 262144), node("free", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
+    gpu_pod = lambda k: SimPod(f"g{k}", 1, cpu_milli=12000, memory_mib=1024)  # noqa: E731
+    for k in range(2):
+        c.place(0, gpu_pod(k), (c.units[0][k],))
+        pol.tracker.observe(demand_shape(pol.job(SimPod(f"w{k}", 1, cpu_milli=30000, memory_mib=1024))))
+    i, units = pol.choose(SimPod("cpu", 0, cpu_milli=8000, memory_mib=1024), c, random.Random(0))
+    assert (c.nodes[i].name, units) == (expected, ())

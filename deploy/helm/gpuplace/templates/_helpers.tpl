@@ -197,9 +197,14 @@ extenders:
   {{- end }}
   httpTimeout: {{ .Values.scheduler.extender.httpTimeoutSeconds }}s
   ignorable: {{ .Values.scheduler.extender.ignorable }}
+  {{- if not (and .Values.scheduler.enabled .Values.scheduler.extender.cpuOnlyPods) }}
+  {{- /* With managedResources, kube-scheduler calls the extender only for pods that request one
+  (pkg/scheduler/extender.go IsInterested); without, for every pod of that scheduler: only the
+  chart's own scheduler, which pods opt into, goes without (never a snippet for your scheduler). */}}
   managedResources:
   {{- range .Values.scheduler.extender.managedResources }}
   - {name: {{ . }}, ignoredByScheduler: false}
+  {{- end }}
   {{- end }}
 {{- end }}
 
