@@ -53,7 +53,7 @@ from scheduler_extender.fast.grouped import GroupedResults, as_grouped
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
-from simulator.cluster import Cluster
+from simulator.cluster import MILLI, Cluster
 from simulator.model import SimPod
 
 Choice = tuple[int, tuple[Unit, ...]]
@@ -202,7 +202,12 @@ class GpuplacePolicy:
         verdicts = _by_class(live, state_of, grouped)
         if not any(r.passed and r.chosen for r in verdicts.values()):
             return None
-        scored = self.engine.score_grouped(job, grouped, self.tracker.profile())
+        # Free GPUs per model over the nodes kube-scheduler sends the extender (those that fit
+        # the pod's CPU/memory), as the extender counts them over its request (``supply_of``).
+        free = np.bincount(cluster.model_of[fits], weights=cluster.milli_free[fits].sum(axis=1),
+                           minlength=len(cluster.models)) / MILLI
+        supply = {mid: float(v) for mid, v in zip(cluster.models, free) if v > 0}
+        scored = self.engine.score_grouped(job, grouped, self.tracker.profile(), supply)
         by_class = np.full(cluster.class_total, -np.inf)
         rank: dict[int, tuple[int, float]] = {}
         for cid, k in zip(live, state_of):

@@ -18,7 +18,7 @@ from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job, resolve_job
 from scheduler_extender.core.pod import Pod
 from scheduler_extender.core.policy import Policy, default_policy
-from scheduler_extender.core.score import NodeScore, score_nodes
+from scheduler_extender.core.score import NodeScore, score_nodes, supply_of
 from scheduler_extender.core.workload import WorkloadProfile
 
 
@@ -75,11 +75,25 @@ class Engine:
         return [filter_node(job, s, self.policy, now) for s in states]
 
     def score(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
-              workload: WorkloadProfile | None = None) -> dict[str, NodeScore]:
+              workload: WorkloadProfile | None = None, supply: Mapping[str, float] | None = None) -> dict[str, NodeScore]:
         """Scores of the nodes that passed; ``workload``: the learned target workload for the
-        ``fragmentation`` component (None: it does not apply)."""
+        ``fragmentation`` component (None: it does not apply); ``supply``: free devices per model
+        over the nodes of the request (``score.supply_of``), for ``WorkloadProfile.scarcity``;
+        None: counted over ``states``."""
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
-        return {s.node: s for s in score_nodes(job, passed, self.policy, workload)}
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload,
+                                               self.scarcity(job, workload, supply, states))}
+
+    def scarcity(self, job: Job, workload: WorkloadProfile | None, supply: Mapping[str, float] | None,
+                 states: Sequence[NodeState] = ()) -> dict[str, float] | None:
+        """``WorkloadProfile.scarcity`` for the pod's resource over ``supply`` (None: counted over
+        ``states``); None where the fragmentation component does not apply."""
+        resource = job.req.resource
+        if not workload or resource is None or self.policy.scoring.fragmentation <= 0:
+            return None
+        if supply is None:
+            supply = supply_of([(s, 1) for s in states], resource)
+        return workload.scarcity(resource, supply) or None
 
     def decide(self, pod: Pod | Mapping[str, Any], states: Sequence[NodeState], now: dt.datetime | None,
                namespace_labels: Mapping[str, str] | None = None,

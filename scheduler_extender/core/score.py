@@ -58,7 +58,8 @@ from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.requirements import NVIDIA_GPU
-from scheduler_extender.core.workload import FreeByModel, WorkloadProfile, free_by_model, free_by_model_minus
+from scheduler_extender.core.workload import (FreeByModel, WorkloadProfile, free_by_model, free_by_model_minus,
+                                              model_key)
 
 MAX_SCORE = 10
 WHOLE_NODE_GPUS = 8
@@ -209,6 +210,23 @@ def devices_in_use(state: NodeState) -> float:
     return 1.0 - free / total if total else 1.0
 
 
+def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[str, float]:
+    """Free devices of ``resource`` per model key (``workload.FreeByModel``'s), shares counted,
+    over ``states`` given with how many nodes each stands for: what ``WorkloadProfile.scarcity``
+    reads."""
+    supply: dict[str, float] = {}
+    for state, count in states:
+        for m, level, n in free_models(state, resource)[1]:
+            supply[m] = supply.get(m, 0.0) + count * level * n / MILLI
+    return supply
+
+
+def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float]) -> float:
+    """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
+    for the share of each it takes; in devices."""
+    return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
+
+
 FRAG_SCALE_GPUS = 1.0
 """A candidate whose fragmentation increase exceeds the best candidate's by this many devices
 (or more) earns 0 on ``fragmentation``; in between, linearly."""
@@ -223,7 +241,7 @@ def fragmentation_values(deltas: Mapping[str, float]) -> dict[str, float]:
 
 
 def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                workload: WorkloadProfile | None = None) -> list[NodeScore]:
+                workload: WorkloadProfile | None = None, scarcity: Mapping[str, float] | None = None) -> list[NodeScore]:
     """Score every node that passed the filter; pods the filter left untouched score 0.
 
     Args:
@@ -232,6 +250,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         policy: weights and prices.
         workload: the learned target workload (``core.workload``) for ``fragmentation``; None or
             empty: the component does not apply.
+        scarcity: ``WorkloadProfile.scarcity`` over the nodes of the request (``supply_of``):
+            added to each candidate's fragmentation increase (``scarcity_delta``); None: not.
 
     Returns:
         One ``NodeScore`` per input, in input order.
@@ -256,7 +276,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         for s, r in gpu_pods:
             free = free_models(s, resource)
             deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
-                              + host_stranding_delta(job, s, r.chosen, workload, free))
+                              + host_stranding_delta(job, s, r.chosen, workload, free)
+                              + (scarcity_delta(job, r.chosen, scarcity) if scarcity else 0.0))
         frag = fragmentation_values(deltas)
         if len(set(frag.values())) == 1:
             frag = {}  # tells no candidate apart: leave the other components their full say

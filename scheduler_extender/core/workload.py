@@ -214,6 +214,37 @@ class WorkloadProfile:
         return value
 
 
+    def scarcity(self, resource: str, supply: Mapping[str, float]) -> dict[str, float]:
+        """Per model key of ``supply`` (as in ``FreeByModel``): the demand that one device of that
+        model taken away would be missed by, in devices: for each shape that may use the model,
+        share x devices x (all free devices / the free devices that shape may use), summed.
+        ``supply``: free devices (shares counted, ``MILLI``) of ``resource`` per model key over
+        the nodes the pod may go to; rounded to 0.01 (a memo can key on it). {} without shapes.
+
+        FGD's fragmentation looks at one node: taking a T4 from a node with T4s to spare costs a
+        T4-only pod nothing there, however few T4s the cluster has left. This adds the cluster's
+        side: an unconstrained shape weighs the same on every model (it cancels out between
+        candidates), a shape that may use only a scarce model weighs by how scarce its models are,
+        so unconstrained pods leave scarce models to the pods that need them (openb gpuspec33:
+        T4-only pods ask for more GPUs than the fleet's T4s; README "Simulate before you
+        deploy"). Our measure; the demand over supply ratio is that of capacity planning."""
+        group = self._by_resource.get(resource)
+        if group is None or not supply:
+            return {}
+        total = sum(supply.values())
+        if total <= 0:
+            return {}
+        out = dict.fromkeys(supply, 0.0)
+        for s, w in group[0]:
+            usable = [m for m in supply if s.usable(m)]
+            free = sum(supply[m] for m in usable)
+            if free <= 0:
+                continue
+            weight = w * s.devices * total / free
+            for m in usable:
+                out[m] += weight
+        return {m: round(v, 2) for m, v in out.items()}
+
     def mean_request_per_device(self, resource: str) -> tuple[float | None, float | None]:
         """(CPU millicores, memory bytes) the workload requests per device of ``resource``: the
         demand-weighted mean sum(share x request) / sum(share x devices) over the shapes that give
@@ -324,7 +355,7 @@ def free_by_model(units: Iterable[Unit], levels: Mapping[str, int] | None = None
     where it is not listed."""
     counts: dict[tuple[str, int], int] = {}
     for u in units:  # a plain dict: a Counter costs more to build than these few units
-        k = (_model_key(u), MILLI if levels is None else levels.get(u.uuid, MILLI))
+        k = (model_key(u), MILLI if levels is None else levels.get(u.uuid, MILLI))
         counts[k] = counts.get(k, 0) + 1
     return tuple(sorted((m, level, n) for (m, level), n in counts.items() if level > 0))
 
@@ -334,14 +365,16 @@ def free_by_model_minus(free: FreeByModel, taken: Iterable[tuple[Unit, int, int]
     thousandths before, thousandths taken)."""
     counts = {(m, level): n for m, level, n in free}
     for u, level, milli in taken:
-        k = _model_key(u)
+        k = model_key(u)
         counts[(k, level)] = counts.get((k, level), 0) - 1
         after = (k, max(0, level - milli))
         counts[after] = counts.get(after, 0) + 1
     return tuple(sorted((m, level, n) for (m, level), n in counts.items() if n > 0 and level > 0))
 
 
-def _model_key(u: Unit) -> str:
+def model_key(u: Unit) -> str:
+    """A unit's model key in ``FreeByModel``: its catalog id (``""`` when not in the catalog),
+    prefixed with ``mig:`` for a MIG device."""
     return (MIG_KEY if u.kind == "mig" else "") + (u.entry.id if u.entry is not None else "")
 
 

@@ -13,7 +13,7 @@ import itertools
 import operator
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel
 
@@ -24,7 +24,7 @@ from scheduler_extender.fast.equivalence import state_keys, unit_properties, vie
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.score import NodeScore
+from scheduler_extender.core.score import NodeScore, supply_of
 from scheduler_extender.core.workload import WorkloadProfile
 
 @dataclass(frozen=True)
@@ -401,8 +401,8 @@ class GroupedEngine(Engine):
             self._memo.move_to_end(key)
         return memo
 
-    def score_grouped(self, job: Job, grouped: GroupedResults,
-                      workload: WorkloadProfile | None = None) -> ScoredGroups:
+    def score_grouped(self, job: Job, grouped: GroupedResults, workload: WorkloadProfile | None = None,
+                      supply: Mapping[str, float] | None = None) -> ScoredGroups:
         """Scores of the nodes of ``grouped``, computed once per scoring class.
 
         A node's score depends on its own state and result and on the cheapest / fastest
@@ -450,6 +450,9 @@ class GroupedEngine(Engine):
             parts = [(g,) for g in range(len(passed))]
             first_of = grouped.first_index
             score_of = grouped.group_of
+        if supply is None and resource is not None and workload:  # over every node of the request
+            supply = supply_of(list(zip(grouped.states, grouped.sizes)), resource)
+        scarcity = self.scarcity(job, workload, supply)
         memo_key = None
         if grouped._from_groups:
             # The scores of the parts are a function of the job, the workload and which kinds of
@@ -458,7 +461,7 @@ class GroupedEngine(Engine):
             job_key = _job_key(decision_job(job))
             global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]
             if job_key is not None:
-                memo_key = (job_key, workload or None, frozenset(
+                memo_key = (job_key, workload or None, tuple(sorted(scarcity.items())) if scarcity else None, frozenset(
                     gp for gp, k in zip(global_parts, parts) if passed[k[0]]))
                 hit = self._scores.get(memo_key)
                 if hit is not None:
@@ -479,7 +482,7 @@ class GroupedEngine(Engine):
                     rep = s
             states.append(rep)
             results.append(r)
-        by_name = self.score(job, states, results, workload)
+        by_name = self.score(job, states, results, workload, supply if supply is not None else {})
         scores = [by_name.get(r.node) if r.passed else None for r in results]
         if memo_key is not None:
             self._scores[memo_key] = {gp: sc for gp, sc in zip(global_parts, scores) if sc is not None}

@@ -444,3 +444,32 @@ def test_extender_passes_a_cpu_only_pod_everywhere_before_it_has_learned_a_workl
     p = host_pod(gpus=None, cpu="8", memory="1Gi")
     out = service.filter(parse_extender_args(json.dumps({"Pod": p, "NodeNames": ["gpu-4090-0", "gpu-4090-1"]}).encode()))
     assert sorted(out["NodeNames"]) == ["gpu-4090-0", "gpu-4090-1"]
+
+
+# ---- scarcity: the cluster's side of a model's demand ------------------------------------------
+
+def test_scarcity_weighs_a_model_by_the_demand_only_it_and_few_others_can_serve():
+    profile = profile_of({UNCONSTRAINED: 1, T4_ONLY: 1})
+    scarcity = profile.scarcity(GPU, {"t4": 10.0, "a10": 90.0})
+    # unconstrained: 0.5 x 100/100 on both; T4-only: 0.5 x 100/10 on T4 alone
+    assert scarcity == {"t4": pytest.approx(5.5), "a10": pytest.approx(0.5)}
+    assert profile_of({UNCONSTRAINED: 1}).scarcity(GPU, {"t4": 10.0, "a10": 90.0}) == {"t4": 1.0, "a10": 1.0}
+    assert profile.scarcity(GPU, {}) == {} and profile.scarcity("amd.com/gpu", {"t4": 1.0}) == {}
+
+
+def test_an_unconstrained_pod_leaves_the_scarce_model_to_the_pods_that_need_it_though_it_is_cheaper():
+    # Every node keeps GPUs to spare, so the one-node measure sees no difference; the T4s are few
+    # against the T4-only demand.
+    states = [node(f"t4-{i}", T4, 4) for i in range(2)] + [node(f"a10-{i}", A10, 4) for i in range(8)]
+    job = ENGINE.job(pod(gpus=1))
+    results = ENGINE.filter(job, states, None)
+    workload = profile_of({UNCONSTRAINED: 1, T4_ONLY: 1})
+    scores = ENGINE.score(job, states, results, workload)
+    assert scores["a10-0"].best_rank > scores["t4-0"].best_rank
+    assert ENGINE.score(job, states, results, profile_of({UNCONSTRAINED: 1}))["t4-0"].best_rank > \
+        ENGINE.score(job, states, results, profile_of({UNCONSTRAINED: 1}))["a10-0"].best_rank  # cost alone: T4
+
+
+def test_supply_counts_each_state_for_the_nodes_it_stands_for_and_shares_left():
+    from scheduler_extender.core.score import supply_of
+    assert supply_of([(node("t", T4, 4, held=1), 3), (shared_node("s", (250, 1000)), 1)], GPU) == {"t4": 9 + 1.25}
