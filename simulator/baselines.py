@@ -17,8 +17,12 @@ random, as kube-scheduler's ``selectHost`` does.
   pod against the node with the units that have less than its share free held, and scored with
   what sharing pods left of each unit (``NodeAllocation.partly_free_milli``; both from
   ``Cluster.class_state``), so fragmentation counts shares as FGD does; it gets the filter's
-  chosen unit, the one with the least share left that holds it (the best fit). A CPU-only pod never reaches the extender (``managedResources`` names GPU resources
-  only): the default profile places it, as ``spread``.
+  chosen unit, the one with the least share left that holds it (the best fit). A CPU-only pod
+  reaches the extender as the chart installs it (``scheduler.extender.cpuOnlyPods``, no
+  ``managedResources``; ``cpu_only_pods``) and is scored on every class of nodes that fits it
+  (``_choose_without_gpus``); with ``cpu_only_pods`` False the default profile places it, as
+  ``spread``. The free GPUs per model of the nodes that fit a GPU pod are the ``supply`` of the
+  score's scarcity term, as the extender counts them over its request.
 - ``random``: any feasible node.
 - ``spread``: kube-scheduler's default profile: NodeResourcesFit ``LeastAllocated`` plus
   NodeResourcesBalancedAllocation over cpu and memory (``kube_scores``; resources the workload

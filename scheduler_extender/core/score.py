@@ -27,8 +27,9 @@ policy), x10, rounded. Components, in order of default weight:
   (``core.workload``; Weng et al., "Beware of Fragmentation", USENIX ATC'23, "fragmentation
   gradient descent"), plus how much it raises the free GPUs the node's free CPU and memory could
   not feed at the workload's mean request per GPU (``host_stranding_delta``, a look-ahead over all
-  of the node's free GPUs where FGD's check sees only the next pod), relative to the best
-  candidate (``fragmentation_values``). Placing on GPUs
+  of the node's free GPUs where FGD's check sees only the next pod), plus the demand the taken
+  GPUs' model would be missed by across the request's nodes (``scarcity_delta``,
+  ``WorkloadProfile.scarcity``), relative to the best candidate (``fragmentation_values``). Placing on GPUs
   of a model many expected pods may not use lowers it (those GPUs were fragments already), so
   the models constrained pods need are kept for them; leaving free GPUs on a node whose CPU or
   memory the expected pods would not find raises it. Its default weight (100 against cost 5)
@@ -36,6 +37,11 @@ policy), x10, rounded. Components, in order of default weight:
   the rest order equally fragmenting nodes exactly as without it (with a constant 100 in the mean,
   they would move a score by less than one step). Applies only when the caller passes a
   non-empty ``WorkloadProfile``; a node's unknown (None) CPU or memory is not checked.
+
+A pod that asks for no device (it reaches the extender with the chart's
+``scheduler.extender.cpuOnlyPods``) gets ``fragmentation`` of its CPU and memory requests
+(``host_only_delta``) and ``packing`` as the share of the node's devices in use
+(``_score_without_devices``).
 
 Then one rule over the candidates, not a weighted component: **last-resort models** (a size
 class's ``lastResortModels``, e.g. premium GPUs for classes small and medium instead of denying
