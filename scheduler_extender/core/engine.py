@@ -80,9 +80,13 @@ class Engine:
         ``fragmentation`` component (None: it does not apply); ``supply``: free devices per model
         over the nodes of the request (``score.supply_of``), for ``WorkloadProfile.scarcity``;
         None: counted over ``states``."""
+        return self.score_with_scarcity(job, states, results, workload, self.scarcity(job, workload, supply, states))
+
+    def score_with_scarcity(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
+                            workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, NodeScore]:
+        """``score`` with the ``scarcity`` the caller computed already (``Engine.scarcity``)."""
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
-        return {s.node: s for s in score_nodes(job, passed, self.policy, workload,
-                                               self.scarcity(job, workload, supply, states))}
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload, scarcity)}
 
     def scarcity(self, job: Job, workload: WorkloadProfile | None, supply: Mapping[str, float] | None,
                  states: Sequence[NodeState] = ()) -> dict[str, float] | None:

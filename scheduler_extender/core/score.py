@@ -142,13 +142,14 @@ def free_models(state: NodeState, resource: str) -> FreeModels:
 
 
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
-                        free: FreeModels | None = None) -> float:
+                        free: FreeModels | None = None, resource: str | None = None) -> float:
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
     the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
     the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
     both are known. ``free``: ``free_models(state, resource)`` when the caller has it already.
-    The pod takes ``Job.gpu_milli`` of each unit (a GPU-sharing pod, a share)."""
-    resource = job.req.resource or ""
+    The pod takes ``Job.gpu_milli`` of each unit (a GPU-sharing pod, a share). ``resource``: the
+    devices measured, the pod's own by default (a pod without devices: each of the workload's)."""
+    resource = resource or job.req.resource or ""
     levels, before = free or free_models(state, resource)
     taken = [(u, levels[u.uuid], job.gpu_milli) for u in chosen if u.uuid in levels]
     after = free_by_model_minus(before, taken) if taken else before
@@ -160,13 +161,13 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
 
 
 def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
-                         free: FreeModels | None = None) -> float:
+                         free: FreeModels | None = None, resource: str | None = None) -> float:
     """The change in ``WorkloadProfile.host_stranding`` of the node when the pod takes ``chosen``
     and its CPU/memory requests: free devices the node's free CPU or memory could not feed at the
     workload's mean request per device, after minus before; in devices, between -len(chosen) and
-    the free devices left. 0 when the node's CPU and memory are unknown. ``free`` as in
-    ``fragmentation_delta``."""
-    resource = job.req.resource or ""
+    the free devices left. 0 when the node's CPU and memory are unknown. ``free`` and ``resource``
+    as in ``fragmentation_delta``."""
+    resource = resource or job.req.resource or ""
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     if cpu is None and mem is None:
         return 0.0
@@ -184,21 +185,14 @@ def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile) -> fl
     unusable free devices (``fragmentation_delta`` plus ``host_stranding_delta`` with no device
     taken), summed over the device resources of the workload; in devices, 0 or more. 0 on a node
     whose CPU and memory are unknown, or with no device free."""
-    cpu, mem = state.cpu_milli_free, state.memory_bytes_free
-    if cpu is None and mem is None:
+    if state.cpu_milli_free is None and state.memory_bytes_free is None:
         return 0.0
-    cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
-    mem_after = None if mem is None else mem - (job.memory_bytes or 0)
     total = 0.0
     for resource in workload.resources:
-        _, free = free_models(state, resource)
-        if not free:
-            continue
-        g = sum(level * n for _, level, n in free) / MILLI
-        total += (workload.fragmentation(resource, free, cpu_after, mem_after)
-                  - workload.fragmentation(resource, free, cpu, mem)
-                  + workload.host_stranding(resource, g, cpu_after, mem_after)
-                  - workload.host_stranding(resource, g, cpu, mem))
+        free = free_models(state, resource)
+        if free[1]:
+            total += (fragmentation_delta(job, state, (), workload, free, resource)
+                      + host_stranding_delta(job, state, (), workload, free, resource))
     return total
 
 
@@ -320,6 +314,13 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
     return _last_resort(job, gpu_pods, out)
 
 
+def scores_without_devices(job: Job, policy: Policy, workload: WorkloadProfile | None) -> bool:
+    """Whether a pod that asks for no device gets scores other than 0 (``_score_without_devices``):
+    it requests CPU or memory, and a learned workload and the ``fragmentation`` weight are there."""
+    return (job.req.resource is None and not job.errors and bool(job.cpu_milli or job.memory_bytes)
+            and bool(workload) and policy.scoring.fragmentation > 0)
+
+
 def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
                            workload: WorkloadProfile | None) -> list[NodeScore]:
     """A pod that asks for no device (it reaches the extender when the chart sends every pod of its
@@ -329,9 +330,9 @@ def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResul
     the fewest free GPUs, as FGD places such pods. 0 everywhere without a learned workload, or
     when the pod requests neither CPU nor memory (nothing of a node's changes)."""
     w = policy.scoring
-    if not workload or w.fragmentation <= 0 or not passed or not (job.cpu_milli or job.memory_bytes):
+    if not passed or not scores_without_devices(job, policy, workload):
         return [NodeScore(r.node, 0, {}, 0.0) for _, r in passed]
-    frag = fragmentation_values({r.node: host_only_delta(job, s, workload) for s, r in passed})
+    frag = fragmentation_values({r.node: host_only_delta(job, s, workload) for s, r in passed})  # type: ignore[arg-type]  # workload: checked
     out = []
     weights = {"fragmentation": w.fragmentation, "packing": w.packing}
     for state, result in passed:

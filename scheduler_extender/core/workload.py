@@ -101,7 +101,7 @@ class WorkloadProfile:
     version: int = 0
     _by_resource: dict[str, tuple[list[tuple[DemandShape, float]], list[int], list[int]]] = field(
         default_factory=dict, init=False, repr=False)
-    _memo: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)
+    _memo: dict[tuple, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
     _per_device: dict[str, tuple[float | None, float | None]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -153,23 +153,25 @@ class WorkloadProfile:
                   memory_bytes_free: int | None) -> float:
         """Share of the workload (of this ``resource``) that fits a node with ``free`` devices and
         this much CPU and memory free; an unknown (None) CPU or memory is not checked. 0 to 1."""
+        measured = self._measured(resource, free, cpu_milli_free, memory_bytes_free)
+        return 1.0 if measured is None else measured[0]
+
+    def _measured(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
+                  memory_bytes_free: int | None) -> tuple[float, float] | None:
+        """``_measure`` of this resource's shapes, memoized per (free devices, host ranks); None
+        when the workload has no shape of ``resource``."""
         group = self._by_resource.get(resource)
         if group is None:
-            return 1.0
-        shapes = group[0]
+            return None
         ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
         key = (resource, free, ci, mi)
         hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        share = self._measure(shapes, free, ci, mi, cpu_milli_free, memory_bytes_free)[0]
-        self._remember(key, share)
-        return share
-
-    def _remember(self, key: tuple, value: float) -> None:
-        if len(self._memo) > 200_000:
-            self._memo.clear()
-        self._memo[key] = value
+        if hit is None:
+            hit = self._measure(group[0], free, ci, mi, cpu_milli_free, memory_bytes_free)
+            if len(self._memo) > 200_000:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
 
     @staticmethod
     def _measure(shapes: list[tuple[DemandShape, float]], free: FreeByModel, ci: int | None, mi: int | None,
@@ -199,20 +201,8 @@ class WorkloadProfile:
         """Expected free devices the workload cannot use on such a node (FGD's F_n(M), in devices:
         thousandths / 1000; module docstring). 0 to the node's free devices (with whole devices
         only: free devices x share of the workload that does not fit)."""
-        if not free:
-            return 0.0
-        group = self._by_resource.get(resource)
-        if group is None:
-            return 0.0
-        ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
-        key = ("fragmentation", resource, free, ci, mi)
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        value = self._measure(group[0], free, ci, mi, cpu_milli_free, memory_bytes_free)[1] / MILLI
-        self._remember(key, value)
-        return value
-
+        measured = self._measured(resource, free, cpu_milli_free, memory_bytes_free) if free else None
+        return 0.0 if measured is None else measured[1] / MILLI
 
     def scarcity(self, resource: str, supply: Mapping[str, float]) -> dict[str, float]:
         """Per model key of ``supply`` (as in ``FreeByModel``): the demand that one device of that

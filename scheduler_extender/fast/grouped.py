@@ -24,7 +24,7 @@ from scheduler_extender.fast.equivalence import state_keys, unit_properties, vie
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.score import NodeScore, supply_of
+from scheduler_extender.core.score import NodeScore, scores_without_devices, supply_of
 from scheduler_extender.core.workload import WorkloadProfile
 
 @dataclass(frozen=True)
@@ -420,7 +420,7 @@ class GroupedEngine(Engine):
         """
         resource = job.req.resource
         node_states = grouped.node_states
-        if resource is None and workload and self.policy.scoring.fragmentation and (job.cpu_milli or job.memory_bytes):
+        if scores_without_devices(job, self.policy, workload):
             # A pod without devices is scored on each node's own free devices, CPU and memory
             # (score._score_without_devices), which its filter classes leave out: node by node.
             per_node = [grouped.results[g] for g in grouped.group_of]
@@ -482,7 +482,7 @@ class GroupedEngine(Engine):
                     rep = s
             states.append(rep)
             results.append(r)
-        by_name = self.score(job, states, results, workload, supply if supply is not None else {})
+        by_name = self.score_with_scarcity(job, states, results, workload, scarcity)
         scores = [by_name.get(r.node) if r.passed else None for r in results]
         if memo_key is not None:
             self._scores[memo_key] = {gp: sc for gp, sc in zip(global_parts, scores) if sc is not None}

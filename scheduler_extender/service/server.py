@@ -37,7 +37,7 @@ from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, Node
 from scheduler_extender.fast.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
-from scheduler_extender.core.score import NodeScore
+from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
 from scheduler_extender.service.explain import explain_decision
@@ -492,8 +492,7 @@ class ExtenderService:
         requests CPU or memory, and the learned workload and the ``fragmentation`` weight are there.
         Such a pod reaches the extender when the chart sends it every pod of its scheduler
         (``scheduler.extender.cpuOnlyPods``)."""
-        return (job.req.resource is None and not job.errors and bool(job.cpu_milli or job.memory_bytes)
-                and self.engine.policy.scoring.fragmentation > 0 and bool(self.workload_profile()))
+        return scores_without_devices(job, self.engine.policy, self.workload_profile())
 
     def _node_scores_without_devices(self, job: Job, grouped: GroupedResults) -> list[NodeScore | None]:
         """Per node (input order), the score of a pod without devices, computed on each node's own
