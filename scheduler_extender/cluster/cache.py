@@ -33,8 +33,8 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
-from scheduler_extender.core.requirements import NVIDIA_GPU, pod_gpu_requests, pod_host_requests
-from scheduler_extender.core.sharing import REPLICAS_LABEL, SHARING_STRATEGY_LABEL, node_gpu_sharing, shareable_gpus
+from scheduler_extender.core.pod_requests import NVIDIA_GPU, PodRequests, pod_requests
+from scheduler_extender.core.sharing import SharingLabels, node_gpu_sharing, shareable_gpus, sharing_labels
 
 log = logging.getLogger(__name__)
 
@@ -95,34 +95,44 @@ def bulk_load() -> Iterator[None]:
 def parse_node_inventory(name: str, annotation: str | None, catalog: Catalog,
                          allocatable: Mapping[str, int] | None = None,
                          mig_strategy: str | None = None,
-                         labels: tuple[tuple[str, str], ...] = ()) -> tuple[NodeView | None, str | None]:
-    """(view, None) for a valid annotation, (None, reason) otherwise; never raises.
+                         labels: tuple[tuple[str, str], ...] = (),
+                         sharing: SharingLabels = (None, None)) -> tuple[NodeView | None, str | None]:
+    """(view, None) for a valid annotation, (None, reason) otherwise; never raises. The one reading
+    of a Node's GPUs, for Nodes from the cache's watch and Nodes sent in a request alike.
 
     ``allocatable``: the Node's GPU resources from ``status.allocatable`` (None: unknown, not
     checked); an inventory claiming more than it is rejected (``core.allocatable``).
     ``mig_strategy``: what the Node shows (``node_mig_strategy``), used when the inventory does
     not state one. ``labels``: the Node's GPU feature discovery labels (``core.gfd.gfd_labels``);
     without an annotation they give a view marked with its provenance (the policy decides
-    whether it is used).
+    whether it is used). ``sharing``: the Node's ``core.sharing.sharing_labels``; the view's GPUs
+    are shared as they and ``allocatable`` say (``node_gpu_sharing``).
     """
     if annotation is None:
         derived = inventory_from_labels(name, labels) if labels else None
         if derived is None:
             return None, None
         view = build_node_view(derived, catalog, name, provenance=GFD_PROVENANCE)
-        contradiction = allocatable_contradiction(view, allocatable)
-        return (None, f"GPU feature discovery labels: {contradiction}") if contradiction else (view, None)
+        return checked_view(view, allocatable, sharing, "GPU feature discovery labels")
     try:
         inv = parse_inventory(annotation, source=ANNOTATION)
     except InventoryError as e:
         return None, str(e)
     if inv.node_name != name:
         return None, f"{ANNOTATION}: nodeName {inv.node_name!r} is not this node ({name!r})"
-    view = build_node_view(inv, catalog, name, mig_strategy)
+    return checked_view(build_node_view(inv, catalog, name, mig_strategy), allocatable, sharing, ANNOTATION)
+
+
+def checked_view(view: NodeView, allocatable: Mapping[str, int] | None, sharing: SharingLabels,
+                 source: str = ANNOTATION) -> tuple[NodeView | None, str | None]:
+    """``view`` with its GPUs shared as the Node says (``node_gpu_sharing``), checked against
+    ``allocatable`` (GPUs x replicas on a shared node): (view, None), or (None, reason starting
+    with ``source``) when the view claims more than the Node offers."""
+    shared = node_gpu_sharing(sharing, allocatable, *shareable_gpus(view))
+    if shared != view.sharing:
+        view = dataclasses.replace(view, sharing=shared)
     contradiction = allocatable_contradiction(view, allocatable)
-    if contradiction is not None:
-        return None, f"{ANNOTATION}: {contradiction}"
-    return view, None
+    return (None, f"{source}: {contradiction}") if contradiction else (view, None)
 
 
 class ClusterCache:
@@ -204,32 +214,23 @@ class ClusterCache:
         host = host_allocatable(obj)
         mig_strategy = node_mig_strategy(obj, allocatable)
         gfd = gfd_labels(obj) if annotation is None else ()
-        labels = meta.get("labels")
-        sharing_labels = ((labels.get(SHARING_STRATEGY_LABEL), labels.get(REPLICAS_LABEL))
-                          if isinstance(labels, Mapping) else (None, None))
+        shared_by = sharing_labels(obj)
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
             self._states.pop(name, None)
         same_inventory = (current is not None and current.annotation == annotation
                           and current.mig_strategy == mig_strategy and current.gfd == gfd
-                          and current.sharing_labels == sharing_labels)
+                          and current.sharing_labels == shared_by)
         if same_inventory and current is not None and current.allocatable == allocatable:
             return  # unchanged inventory, MIG strategy and GPU allocatable: keep the parsed view
         if same_inventory and current is not None and current.view is not None:
             # Only allocatable changed: re-check the parsed view instead of parsing again.
-            contradiction = allocatable_contradiction(current.view, allocatable)
-            view, error = (None, f"{ANNOTATION}: {contradiction}") if contradiction else (current.view, None)
+            view, error = checked_view(current.view, allocatable, shared_by,
+                                       ANNOTATION if annotation is not None else "GPU feature discovery labels")
         else:
-            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy, gfd)
-        if view is not None:
-            sharing = node_gpu_sharing(obj, allocatable, *shareable_gpus(view))
-            if sharing != view.sharing:
-                view = dataclasses.replace(view, sharing=sharing)
-                contradiction = allocatable_contradiction(view, allocatable) if sharing is not None else None
-                if contradiction:  # GPUs x replicas beyond what the device plugin advertises
-                    view, error = None, f"{ANNOTATION}: {contradiction}"
-        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd, sharing_labels)
+            view, error = parse_node_inventory(name, annotation, self._catalog, allocatable, mig_strategy, gfd, shared_by)
+        self._nodes[name] = _Node(name, annotation, view, error, allocatable, host, mig_strategy, gfd, shared_by)
         if error:
             self.stats.inventory_errors[name] = error
         else:
@@ -274,12 +275,12 @@ class ClusterCache:
             self._host_by_node.get(old[0], set()).discard(uid)
             self._states.pop(old[0], None)
 
-    def _set_host_pod(self, uid: str, node: str | None, live: bool, pod: Pod) -> None:
+    def _set_host_pod(self, uid: str, node: str | None, live: bool, asked: PodRequests) -> None:
         """Track the CPU/memory requests of every pod bound to a node (GPU or not)."""
         if not node or not live:
             self._remove_host_pod(uid)
             return
-        entry = (node, *pod_host_requests(pod))
+        entry = (node, asked.cpu_milli, asked.memory_bytes)
         if self._host_pods.get(uid) == entry:
             return
         self._remove_host_pod(uid)
@@ -294,8 +295,9 @@ class ClusterCache:
             log.warning("pod event ignored: %s", e)
             return
         uid, node, phase = pod.key, pod.spec.node_name, pod.status.phase
-        self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, pod)
-        requests, _ = pod_gpu_requests(pod)
+        asked = pod_requests(pod)
+        self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, asked)
+        requests = dict(asked.gpu)
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
             return

@@ -23,9 +23,10 @@ from node_agent.inventory import ANNOTATION, InventoryError, format_validation_e
 from scheduler_extender.cluster.cache import ClusterCache, bulk_load, parse_node_inventory
 from scheduler_extender.core.allocatable import gpu_allocatable, node_mig_strategy
 from scheduler_extender.core.gfd import gfd_labels
-from scheduler_extender.core.catalog import Catalog
+from scheduler_extender.core.sharing import sharing_labels
+from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
-from scheduler_extender.fast.memo import BoundedMemo, content_digest
+from scheduler_extender.fast.memo import BoundedMemo, content_digest, retained_bytes
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,11 @@ class ChangeLog(Protocol):
 
 FALLBACK_MEMO_ENTRIES = 50_000
 FALLBACK_MEMO_BYTES = 128 * 2**20
-"""Bounds of the parsed-annotation memo. A parsed inventory holds about 9x its JSON text in
-Python objects (measured: 7.8 kB of text for 8 A100s -> 70 kB), so each entry is charged 10x."""
+"""Bounds of the parsed-annotation memo. Each entry is charged what its node state keeps alive
+(``fast.memo.retained_bytes``, the catalog's rows left out): a parsed inventory holds 9x to 25x
+its JSON text depending on its shape, so a fixed factor of the text would miss the bound."""
+MEMO_SHARED = (CatalogEntry, Catalog)
+"""What every parsed view points to and the memo does not keep alive."""
 
 
 class _AnnotationFallback:
@@ -73,18 +77,19 @@ class _AnnotationFallback:
             return NodeState(name=name, view=None)
         allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
         mig_strategy = node_mig_strategy(obj, allocatable)
+        shared_by = sharing_labels(obj)  # GPU sharing is read as the cache reads it (parse_node_inventory)
         if text is not None and not isinstance(text, str):
             text = str(text)
         key = (content_digest(f"{len(name)}:{name}{text}".encode("utf-8", "surrogatepass")),
-               None if allocatable is None else tuple(sorted(allocatable.items())), mig_strategy, labels)
+               None if allocatable is None else allocatable.key(), mig_strategy, labels,
+               # Label values as a bounded hashable key: past 64 characters no value reads differently.
+               tuple((type(v).__name__, str(v)[:64]) for v in shared_by))
         st = self._memo.get(key)
         if st is None:
-            view, error = parse_node_inventory(name, text, self._catalog, allocatable, mig_strategy, labels)
+            view, error = parse_node_inventory(name, text, self._catalog, allocatable, mig_strategy, labels, shared_by)
             alloc = allocation_from_inventory(view) if view else None
             st = NodeState(name=name, view=view, inventory_error=error, **({"allocation": alloc} if alloc else {}))
-            size = len(text or "") + sum(len(k) + len(v) for k, v in labels)
-            self._memo.put(key, st, 10 * (len(name) + size) if view is not None
-                           else len(name) + len(error or ""))
+            self._memo.put(key, st, retained_bytes(st, MEMO_SHARED))
         return st
 
 

@@ -24,28 +24,55 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from scheduler_extender.core.devices import NodeView, allocatable_from_view
+from scheduler_extender.core.pod_requests import MIG_PREFIX, is_gpu_resource
 from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
-from scheduler_extender.core.requirements import MIG_PREFIX, _is_gpu_resource
+
+SHOWN_VALUE_CHARS = 32
+"""Characters of an unusable allocatable value a reason repeats (a Node is any client's text)."""
 
 
-def gpu_allocatable(node: Mapping[str, Any] | None) -> dict[str, int] | None:
+class GpuAllocatable(dict[str, int]):
+    """GPU resource -> device count of a Node's ``status.allocatable``, and in ``unusable`` the
+    values that are no whole device count (``"-1"``, ``"1.5"``, as sent, cut to
+    ``SHOWN_VALUE_CHARS``), so that a reason can say what the Node really sent."""
+
+    def __init__(self, counts: Mapping[str, int] = {}, unusable: Mapping[str, str] | None = None) -> None:  # noqa: B006
+        super().__init__(counts)
+        self.unusable: dict[str, str] = dict(unusable or {})
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and getattr(other, "unusable", {}) == self.unusable
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]  # a dict
+
+    def key(self) -> tuple[tuple[str, int], tuple[tuple[str, str], ...]]:
+        """A hashable value of both parts, for memo keys."""
+        return tuple(sorted(self.items())), tuple(sorted(self.unusable.items()))
+
+
+def gpu_allocatable(node: Mapping[str, Any] | None) -> GpuAllocatable | None:
     """The GPU resources of a decoded ``v1.Node``'s ``status.allocatable``; None when absent.
 
-    Quantities that do not parse as whole counts are left out (unknown, not 0): the API server
-    validates quantities, so this happens only for hand-made objects.
+    Quantities that do not parse as whole, non-negative counts are left out of the counts
+    (unknown, not 0) and kept as sent in ``unusable``: the API server validates quantities, so
+    this happens only for hand-made objects.
     """
     status = (node or {}).get("status")
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
     if not isinstance(allocatable, Mapping):
         return None
-    out: dict[str, int] = {}
+    out = GpuAllocatable()
     for name, value in allocatable.items():
-        if not isinstance(name, str) or not _is_gpu_resource(name):
+        if not isinstance(name, str) or not is_gpu_resource(name):
             continue
         try:
             out[name] = parse_count(value)
         except (QuantityError, TypeError):
-            continue
+            text = value if isinstance(value, str) else repr(value)
+            out.unusable[name] = text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "..."
     return out
 
 
@@ -89,9 +116,13 @@ def allocatable_contradiction(view: NodeView, allocatable: Mapping[str, int] | N
     if allocatable is None:
         return None
     claims = []
+    unusable = getattr(allocatable, "unusable", {})
     for resource, claimed in sorted(allocatable_from_view(view).items()):
         have = allocatable.get(resource, 0)
-        if claimed > have:
+        if resource in unusable:
+            claims.append(f"{claimed} healthy {resource}, but the Node's status.allocatable has "
+                          f"{unusable[resource]!r}, which is no whole device count")
+        elif claimed > have:
             claims.append(f"{claimed} healthy {resource}, but the Node's status.allocatable has {have}")
     if not claims:
         return None

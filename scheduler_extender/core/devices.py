@@ -237,8 +237,18 @@ EMPTY_ALLOCATION = NodeAllocation()
 
 
 def allocation_from_inventory(view: NodeView) -> NodeAllocation:
-    """Allocations as the agent reported them (``allocatedTo``): static mode's source of truth."""
-    return NodeAllocation(held={u.uuid: u.allocated_to for u in view.all_units if u.allocated_to})
+    """Allocations as the agent reported them (``allocatedTo``): static mode's source of truth,
+    and a Node sent in a request that the cache does not know. On a node whose GPUs are shared
+    (``view.sharing``) each pod ``allocatedTo`` names on a GPU (comma-separated, once each, at
+    most ``replicas``) holds a replica whose VRAM need is unknown here (no pod object), so it
+    counts as the whole GPU (``core.sharing``), as the cache counts a pod it cannot estimate."""
+    if view.sharing is None:
+        return NodeAllocation(held={u.uuid: u.allocated_to for u in view.all_units if u.allocated_to})
+    shared_units = {u.uuid for u in view.units(NVIDIA_GPU)}
+    shared = {u.uuid: (None,) * len(list(dict.fromkeys(u.allocated_to.split(",")))[:view.sharing.replicas])
+              for u in view.units(NVIDIA_GPU) if u.allocated_to}
+    held = {u.uuid: u.allocated_to for u in view.all_units if u.allocated_to and u.uuid not in shared_units}
+    return NodeAllocation(held=held, shared=shared)
 
 
 @dataclass(frozen=True)

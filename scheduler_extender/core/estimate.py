@@ -84,8 +84,10 @@ class VramEstimate:
     source: str
     terms: tuple[tuple[str, int], ...] = field(default=())
 
-    def describe(self) -> str:
-        return f"{fmt_gib(self.bytes_per_gpu)} needed ({self.summary})"
+    def describe(self, amount: str | None = None) -> str:
+        """``'30.3 GiB needed (13B inference, bf16)'``; ``amount``: the need as a caller printed it
+        (``quantity.fmt_gib_below``, beside what it is compared with)."""
+        return f"{amount or fmt_gib(self.bytes_per_gpu)} needed ({self.summary})"
 
 
 def format_params(params: float) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 from scheduler_extender.core.devices import MILLI, NodeAllocation, NodeState, NodeView, Unit
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.quantity import fmt_gib
+from scheduler_extender.core.quantity import fmt_gib, fmt_gib_below
 from scheduler_extender.core.sharing import GpuSharing, used_vram_bytes
 from scheduler_extender.core.requirements import (
     A_EXCLUDE, A_MIN_CC, A_MODELS, A_REQUIRE, AMD_GPU, MIG_PREFIX, NVIDIA_GPU,
@@ -174,7 +174,8 @@ def check_vram(unit: Unit, job: Job) -> str | None:
     """The unit's VRAM (a full GPU's or a MIG device's) covers the need per GPU."""
     if job.vram is None or unit.memory_bytes >= job.vram.bytes_per_gpu:
         return None
-    return f"{fmt_gib(unit.memory_bytes)} VRAM < {job.vram.describe()}"
+    (have,), need = fmt_gib_below([unit.memory_bytes], job.vram.bytes_per_gpu)
+    return f"{have} VRAM < {job.vram.describe(need)}"
 
 
 def check_ecc(unit: Unit, job: Job) -> str | None:
@@ -432,18 +433,23 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
     if sharing.strategy == "mps":
         limit = min(u.memory_bytes for u in with_room) // replicas
         if need is not None and need > limit:
+            (limit_text,), need_text = fmt_gib_below([limit], need)
             return NodeResult(node, False, (Rejection(
-                C_VRAM, f"{fmt_gib(limit)} VRAM per MPS replica (the GPU's / {replicas}) < {job.vram.describe()}"),))
+                C_VRAM, f"{limit_text} VRAM per MPS replica (the GPU's / {replicas}) < {job.vram.describe(need_text)}"),))
         return NodeResult(node, True, chosen=(with_room[0],))
     # Time-slicing: no memory isolation; the plugin may hand out a replica of any GPU with one free.
     left = {u.uuid: u.memory_bytes - used_vram_bytes(u.memory_bytes, (*held[u.uuid], *alloc.shared_unplaced))
             for u in with_room}
     short = [u for u in with_room if left[u.uuid] < (need if need is not None else u.memory_bytes)]
     if short:
-        wanted = job.vram.describe() if job.vram is not None else "the whole GPU needed (VRAM need unknown)"
         unplaced = len(alloc.shared_unplaced)
-        parts = "; ".join(f"GPU {u.gpu_index}: {fmt_gib(max(0, left[u.uuid]))} of {fmt_gib(u.memory_bytes)} VRAM left "
-                          f"({len(held[u.uuid]) + unplaced} pods share it)" for u in short)
+        if job.vram is not None:
+            lefts, need_text = fmt_gib_below([max(0, left[u.uuid]) for u in short], job.vram.bytes_per_gpu)
+            wanted = job.vram.describe(need_text)
+        else:
+            lefts, wanted = [fmt_gib(max(0, left[u.uuid])) for u in short], "the whole GPU needed (VRAM need unknown)"
+        parts = "; ".join(f"GPU {u.gpu_index}: {shown} of {fmt_gib(u.memory_bytes)} VRAM left "
+                          f"({len(held[u.uuid]) + unplaced} pods share it)" for u, shown in zip(short, lefts))
         unplaced_note = f"; {unplaced} pods on a GPU the agent has not reported yet count on each" if unplaced else ""
         return NodeResult(node, False, (Rejection(
             C_VRAM, f"{parts} < {wanted} ({how}: the device plugin may give any GPU with a free replica{unplaced_note})",

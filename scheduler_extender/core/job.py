@@ -10,7 +10,7 @@ from scheduler_extender.core.estimate import VramEstimate, estimate_vram
 from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
-from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod, pod_host_requests
+from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod
 from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
 
 
@@ -56,6 +56,11 @@ class Job:
         """One line for tables and logs: what the pod asked."""
         r = self.req
         parts = [f"{r.gpu_count}x {r.resource}" if r.resource else "no GPU"]
+        if not r.resource and (self.cpu_milli is not None or self.memory_bytes is not None):
+            # A pod without GPUs is placed by its CPU and memory: show them as kube-scheduler sums them.
+            parts.append(", ".join(part for part in (
+                None if self.cpu_milli is None else f"cpu {self.cpu_milli}m",
+                None if self.memory_bytes is None else f"memory {fmt_gib(self.memory_bytes)}") if part))
         if self.vram:
             parts.append(self.vram.summary if self.vram.source == "estimate" else f"vram {fmt_gib(self.vram.bytes_per_gpu)}")
         if r.require:
@@ -130,7 +135,7 @@ def resolve_job(pod: Pod | Mapping[str, Any], policy: Policy, catalog: Catalog,
         # Tokens were checked against the catalog when the policy was loaded.
         return frozenset().union(*(catalog.resolve_token(t) for t in tokens))
 
-    cpu, memory = pod_host_requests(pod)
+    cpu, memory = req.cpu_milli, req.memory_bytes
     grant = resolve_tenancy(policy.tenants, policy.default_tenant, req.namespace, namespace_labels, catalog)
     explicit = req.allowed_models is not None and why != A_CLASS
     return Job(req=req, workload=workload, vram=vram, size_class=size_class, class_reason=why,

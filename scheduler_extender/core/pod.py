@@ -1,8 +1,8 @@
 """The pod as the decision reads it: one typed value, validated once where a pod enters.
 
 ``Pod`` holds the fields of a ``v1.Pod`` the extender reads, with their API types (metadata's
-name, namespace, uid, annotations; each container's and init container's resources; the node
-name); every other field is ignored, as kube-scheduler and the API server send whole objects. The
+name, namespace, uid, annotations; each container's and init container's resources and restart
+policy; pod-level resources and overhead; the node name); every other field is ignored, as kube-scheduler and the API server send whole objects. The
 wire layer validates a request's ``Pod`` straight into it (a wrong type is a 400 naming the field);
 pods from the API server or a file go through ``as_pod``. This module is the one place for the
 pod's shape: the rest of the decision reads typed fields, never ``pod.get("metadata")``.
@@ -10,6 +10,7 @@ pod's shape: the rest of the decision reads typed fields, never ``pod.get("metad
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Hashable, Mapping
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
@@ -52,13 +53,26 @@ class ResourceRequirements(_Shape):
 
 
 class Container(_Shape):
+    name: StrictStr | None = None
     resources: ResourceRequirements | None = None
+    restart_policy: StrictStr | None = Field(default=None, alias="restartPolicy")
+    """``Always`` on an init container makes it a sidecar (a restartable init container, GA in
+    Kubernetes 1.33): it runs beside the app containers, so its requests add to theirs."""
+
+    @property
+    def is_sidecar(self) -> bool:
+        return self.restart_policy == "Always"
 
 
 class PodSpec(_Shape):
     containers: list[Container] | None = None
     init_containers: list[Container] | None = Field(default=None, alias="initContainers")
     node_name: StrictStr | None = Field(default=None, alias="nodeName")
+    resources: ResourceRequirements | None = None
+    """Pod-level resources (``PodLevelResources``, beta and on by default in Kubernetes 1.34):
+    where set for CPU or memory, they replace the containers' sum for that resource."""
+    overhead: dict[str, Quantity] | None = None
+    """What the pod's RuntimeClass adds to its requests (``spec.overhead``, set at admission)."""
 
 
 class PodStatus(_Shape):
@@ -107,16 +121,33 @@ class Pod(_Shape):
         a request claims about a pod's identity (uid) is in it."""
         annotations = tuple(sorted((k, v) for k, v in self.annotations.items() if k not in ignored_annotations))
         containers, init = self.container_requests()
+        spec = self.spec
+        pod_level = [spec.resources.merged() if spec.resources else {}, spec.overhead or {}]
         resources = tuple(tuple(tuple(sorted((k, str(v)) for k, v in c.items())) for c in group)
-                          for group in (containers, init))
+                          for group in (containers, init, pod_level))
+        # Which init containers are sidecars changes the sum (pod_requests), so it is read too.
+        sidecars = tuple(c.is_sidecar for c in spec.init_containers or ())
         pairs = [*annotations, *(kv for group in resources for c in group for kv in c)]
         size = len(self.namespace) + sum(len(k) + len(v) + 3 * KEY_ITEM_BYTES for k, v in pairs)
-        return (self.namespace, annotations, resources), size + KEY_ITEM_BYTES * (len(containers) + len(init) + 4)
+        items = len(containers) + len(init) + len(sidecars) + 7
+        return (self.namespace, annotations, resources, sidecars), size + KEY_ITEM_BYTES * items
 
 
 KEY_ITEM_BYTES = 64
 """What CPython spends on one small string or tuple beside its characters (``sys.getsizeof('')``
 is 49, of a pair 56), rounded up."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One unusable pod field: ``field`` is the annotation or resource, ``message`` the fix (what
+    was sent, where, and the accepted form). The filter fails every node with it."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
 
 
 class PodShapeError(ValueError):

@@ -9,6 +9,7 @@ GB. Internally VRAM needs are bytes (int); messages print GiB.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 from decimal import Decimal, InvalidOperation, Overflow
 
 MIB = 2**20
@@ -80,3 +81,27 @@ def fmt_gib(num_bytes: float) -> str:
     if abs(value - round(value)) < 0.05:
         return f"{round(value)} GiB"
     return f"{value:.1f} GiB"
+
+
+MAX_GIB_DECIMALS = 10
+"""Decimals of GiB that tell any two byte counts apart (a byte is 9.3e-10 GiB)."""
+
+
+def fmt_gib_below(values: Sequence[float], bound: float) -> tuple[list[str], str]:
+    """``values`` (bytes, each below ``bound``) and ``bound`` as ``fmt_gib`` prints them, with
+    more decimals where needed so that each printed value reads less than the printed bound:
+    24,564 MiB against a need of 24,565 MiB is ``'23.988 GiB'`` < ``'23.989 GiB'``, never
+    ``'24 GiB'`` < ``'24 GiB'``. A reason that says "X < Y" is true as printed."""
+    shown, bound_shown = [fmt_gib(v) for v in values], fmt_gib(bound)
+    if all(_gib_of(s) < _gib_of(bound_shown) for s in shown):
+        return shown, bound_shown
+    for decimals in range(1, MAX_GIB_DECIMALS + 1):
+        shown = [f"{v / GIB:.{decimals}f} GiB" for v in values]
+        bound_shown = f"{bound / GIB:.{decimals}f} GiB"
+        if all(_gib_of(s) < _gib_of(bound_shown) for s in shown):
+            return shown, bound_shown
+    return [f"{int(v)} bytes" for v in values], f"{int(bound)} bytes"
+
+
+def _gib_of(text: str) -> Decimal:
+    return Decimal(text.removesuffix(" GiB"))

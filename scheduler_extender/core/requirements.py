@@ -9,13 +9,15 @@ with it, so ``kubectl describe pod`` tells the user what to fix.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from scheduler_extender.core.catalog import Catalog, UnknownModelError
-from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
-from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
+from scheduler_extender.core.pod import FieldError, Pod, PodShapeError, as_pod
+from scheduler_extender.core.pod_requests import AMD_GPU, MIG_PREFIX, NVIDIA_GPU, pod_requests
+from scheduler_extender.core.quantity import QuantityError, parse_quantity
 
 PREFIX = "gpuplace.io/"
 A_PARAMS = PREFIX + "model-params"
@@ -35,9 +37,6 @@ KNOWN_ANNOTATIONS = frozenset({
     A_MIN_CC, A_REQUIRE, A_PREFER, A_RUNTIME, A_CLASS,
 })
 
-NVIDIA_GPU = "nvidia.com/gpu"
-AMD_GPU = "amd.com/gpu"
-MIG_PREFIX = "nvidia.com/mig-"
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-((?:\d{1,2}c\.)?\d{1,2}g\.\d{1,4}gb)((?:[.-][a-z]{1,8}){0,3})$", re.ASCII)
 
 
@@ -130,15 +129,8 @@ def cut(text: str, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-@dataclass(frozen=True)
-class AnnotationError:
-    """One unusable pod field: ``field`` is the annotation or resource, ``message`` the fix."""
-
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
+AnnotationError = FieldError
+"""One unusable pod field (``core.pod.FieldError``): an annotation, or a resource request."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +158,8 @@ class JobRequirements:
     runtime_explicit: bool = False
     class_name: str | None = None
     has_annotations: bool = False
+    cpu_milli: int | None = None  # the pod's CPU request, millicores (core.pod_requests); None: unknown
+    memory_bytes: int | None = None  # ... and memory request, bytes
     errors: tuple[AnnotationError, ...] = field(default=())
 
     @property
@@ -186,76 +180,20 @@ class JobRequirements:
         return max(needs) if needs else None
 
 
-def _is_gpu_resource(name: str) -> bool:
-    return name in (NVIDIA_GPU, AMD_GPU) or name.startswith(MIG_PREFIX)
-
-
 def pod_gpu_requests(pod: Pod | Mapping[str, Any]) -> tuple[dict[str, int], list[AnnotationError]]:
-    """GPU resources a pod requests: ``{resource: count}``, as kube-scheduler computes it.
-
-    Effective request = max(sum over containers, max over init containers) (Kubernetes
-    "Resource sharing within containers"); extended resources come from requests, else limits.
-    A decoded pod whose fields have the wrong type requests nothing, with that error.
-    """
-    try:
-        pod = as_pod(pod)
-    except PodShapeError as e:
-        return {}, [AnnotationError(e.field, e.message)]
-    errors: list[AnnotationError] = []
-    totals: dict[str, int] = {}
-    init_max: dict[str, int] = {}
-    containers, init = pod.container_requests()
-    for group, combine in ((containers, "sum"), (init, "max")):
-        for req in group:
-            for name, value in req.items():
-                if not _is_gpu_resource(name):
-                    continue
-                try:
-                    n = parse_count(value)
-                except QuantityError:
-                    errors.append(AnnotationError(f"resources {name}", f"{shown(value)} is not a whole number of devices"))
-                    continue
-                if combine == "sum":
-                    totals[name] = totals.get(name, 0) + n
-                else:
-                    init_max[name] = max(init_max.get(name, 0), n)
-    for name, n in init_max.items():
-        totals[name] = max(totals.get(name, 0), n)
-    return {k: v for k, v in totals.items() if v > 0}, errors
+    """GPU resources a pod requests, ``{resource: count}``, and the unusable request values, by
+    Kubernetes' arithmetic (``core.pod_requests``: containers and sidecars summed, the max with
+    each regular init container, plus overhead)."""
+    r = pod_requests(pod)
+    return dict(r.gpu), list(r.errors)
 
 
 def pod_host_requests(pod: Pod | Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(CPU millicores, memory bytes) a pod requests, as kube-scheduler's NodeResourcesFit counts
-    them (max(sum over containers, max over init containers)); None where no container requests
-    it or a value is not a quantity, or the decoded pod's fields have the wrong type (unknown,
-    never 0)."""
-    try:
-        pod = as_pod(pod)
-    except PodShapeError:
-        return None, None
-    containers, init = pod.container_requests()
-    out: list[int | None] = []
-    for name, scale in (("cpu", 1000), ("memory", 1)):
-        total: int | None = None
-        init_max: int | None = None
-        bad = False
-        for group, combine in ((containers, "sum"), (init, "max")):
-            for req in group:
-                if name not in req:
-                    continue
-                try:
-                    v = int(parse_quantity(req[name]) * scale)
-                except QuantityError:
-                    bad = True
-                    continue
-                if combine == "sum":
-                    total = (total or 0) + v
-                else:
-                    init_max = max(init_max or 0, v)
-        if init_max is not None:
-            total = max(total or 0, init_max)
-        out.append(None if bad else total)
-    return out[0], out[1]
+    them (``core.pod_requests``); None where nothing in the pod names it or a value is unusable
+    (unknown, never 0)."""
+    r = pod_requests(pod)
+    return r.cpu_milli, r.memory_bytes
 
 
 MAX_PARAMS = 1e15
@@ -347,8 +285,9 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
         errors.append(AnnotationError(key, f"{shown(ours.pop(key))} is longer than {MAX_VALUE_CHARS} characters; "
                                            "no gpuplace.io annotation needs that many"))
 
-    requests, res_errors = pod_gpu_requests(pod)
-    errors.extend(res_errors)
+    asked = pod_requests(pod)
+    requests = asked.gpu
+    errors.extend(asked.errors)
     resource: str | None = None
     count = 0
     mig_profile = None
@@ -377,11 +316,15 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
     vram = None
     if A_VRAM in ours:
         try:
-            vram = int(parse_quantity(str(ours[A_VRAM])))
-            if vram <= 0:  # also "1m": a thousandth of a byte is no VRAM need
-                raise QuantityError("not at least one byte")
+            quantity = parse_quantity(str(ours[A_VRAM]))
         except QuantityError:
             errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
+        else:
+            if quantity < 1:  # 0, negative, or "1m": a thousandth of a byte is no VRAM need
+                errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is less than one byte; a VRAM need is at "
+                                                      "least one byte, e.g. 40Gi (GiB, 2^30 bytes) or 40G (10^9 bytes)"))
+            else:
+                vram = math.ceil(quantity)  # bytes, rounded up as Quantity.Value() does
 
     allowed = _models(ours, A_MODELS, catalog, errors)
     excluded = _models(ours, A_EXCLUDE, catalog, errors) or frozenset()
@@ -438,5 +381,7 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
         runtime_explicit=runtime_explicit,
         class_name=class_name,
         has_annotations=bool(ours),
+        cpu_milli=asked.cpu_milli,
+        memory_bytes=asked.memory_bytes,
         errors=tuple(errors),
     )

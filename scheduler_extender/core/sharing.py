@@ -45,10 +45,26 @@ class GpuSharing:
         return f"{self.strategy}, {self.replicas} replicas per GPU"
 
 
-def node_gpu_sharing(node: Mapping[str, Any] | None, allocatable: Mapping[str, int] | None,
+SharingLabels = tuple[Any, Any]
+"""GPU feature discovery's (``nvidia.com/gpu.sharing-strategy``, ``nvidia.com/gpu.replicas``)
+label values of a Node, each None when absent: what ``node_gpu_sharing`` reads of the Node."""
+
+
+def sharing_labels(node: Mapping[str, Any] | None) -> SharingLabels:
+    """The Node's ``SharingLabels`` (a decoded ``v1.Node``; anything else has none)."""
+    meta = (node or {}).get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return None, None
+    return labels.get(SHARING_STRATEGY_LABEL), labels.get(REPLICAS_LABEL)
+
+
+def node_gpu_sharing(labels: SharingLabels, allocatable: Mapping[str, int] | None,
                      nvidia_gpus: int, all_healthy: bool = True) -> GpuSharing | None:
     """How the Node's ``nvidia.com/gpu`` is shared, or None (whole GPUs, or unknown).
 
+    ``labels``: the Node's ``sharing_labels``, the one reading of a Node for this, whether the
+    Node came from the cluster cache's watch or in a request (``nodeCacheCapable: false``).
     GPU feature discovery's ``nvidia.com/gpu.sharing-strategy`` (``time-slicing`` or ``mps``) with
     ``nvidia.com/gpu.replicas`` >= 2 (the replicas label alone: time-slicing, as older GFD wrote
     it only for that). Without those labels, ``status.allocatable`` ``nvidia.com/gpu`` equal to a
@@ -59,16 +75,13 @@ def node_gpu_sharing(node: Mapping[str, Any] | None, allocatable: Mapping[str, i
     """
     if nvidia_gpus <= 0:
         return None  # no full NVIDIA GPU to share (MIG replicas are not budgeted)
-    meta = (node or {}).get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    if isinstance(labels, Mapping):
-        strategy = labels.get(SHARING_STRATEGY_LABEL)
-        replicas = _whole(labels.get(REPLICAS_LABEL))
-        if strategy in (*STRATEGIES, None) and replicas is not None and replicas >= 2:
-            return GpuSharing(strategy or "time-slicing", replicas,
-                              f"labels {SHARING_STRATEGY_LABEL}, {REPLICAS_LABEL}" if strategy else f"label {REPLICAS_LABEL}")
-        if strategy == "none" or (replicas is not None and replicas <= 1):
-            return None  # GFD says so: whole GPUs
+    strategy, replicas_text = labels
+    replicas = _whole(replicas_text)
+    if strategy in (*STRATEGIES, None) and replicas is not None and replicas >= 2:
+        return GpuSharing(strategy or "time-slicing", replicas,
+                          f"labels {SHARING_STRATEGY_LABEL}, {REPLICAS_LABEL}" if strategy else f"label {REPLICAS_LABEL}")
+    if strategy == "none" or (replicas is not None and replicas <= 1):
+        return None  # GFD says so: whole GPUs
     advertised = (allocatable or {}).get("nvidia.com/gpu")
     if all_healthy and advertised and advertised > nvidia_gpus and advertised % nvidia_gpus == 0:
         return GpuSharing("time-slicing", advertised // nvidia_gpus,

@@ -63,7 +63,17 @@ def test_gpu_allocatable_reads_only_gpu_resources_and_keeps_unknown_unknown():
                                                        "nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu.shared": "9"}}}) \
         == {"nvidia.com/gpu": 4, "amd.com/gpu": 2, "nvidia.com/mig-1g.10gb": 7}
     assert gpu_allocatable({"metadata": {"name": "n"}}) is None
-    assert gpu_allocatable({"status": {"allocatable": {"nvidia.com/gpu": "lots"}}}) == {}
+    unusable = gpu_allocatable({"status": {"allocatable": {"nvidia.com/gpu": "lots"}}})
+    assert dict(unusable) == {} and unusable.unusable == {"nvidia.com/gpu": "lots"}
+
+
+@pytest.mark.parametrize("sent", ["-1", "1.5", "lots"])
+def test_a_contradiction_names_the_allocatable_value_the_node_really_sent(sent):
+    allocatable = gpu_allocatable({"status": {"allocatable": {"nvidia.com/gpu": sent}}})
+    why = allocatable_contradiction(view(inventory("n1", [gpu(0)])), allocatable)
+    assert why is not None
+    assert f"1 healthy nvidia.com/gpu, but the Node's status.allocatable has {sent!r}, which is no whole device count" in why
+    assert "has 0" not in why
 
 
 def test_the_cache_rejects_an_inventory_that_allocatable_contradicts_and_recovers_when_it_agrees():

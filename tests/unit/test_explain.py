@@ -82,3 +82,29 @@ def test_the_extender_serves_explain_for_a_pod_object_and_refuses_anything_else(
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
         assert 'gpuplace_extender_requests_total{code="200",verb="explain"} 1.0' in metrics
         assert 'gpuplace_extender_requests_total{code="400",verb="explain"} 1.0' in metrics
+
+
+def test_explain_shows_the_gpu_count_kubernetes_sums_with_sidecars_init_containers_and_overhead(tmp_path):
+    pod_yaml = tmp_path / "sidecar.yaml"
+    pod_yaml.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sidecar", "annotations": {"gpuplace.io/vram": "8Gi"}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                 "initContainers": [
+                     {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                     {"name": "warmup", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+                 "overhead": {"nvidia.com/gpu": "1", "cpu": "250m"}}}))
+    out = explain(str(pod_yaml), "--inventory-dir", str(EXAMPLES / "cluster"))
+    assert out.returncode == 0, out.stderr
+    # app 1 + sidecar 1 = 2; the warm-up runs beside the sidecar: 2 + 1 = 3; plus 1 of overhead.
+    assert out.stdout.splitlines()[0] == "pod default/sidecar: 4x nvidia.com/gpu; vram 8 GiB"
+
+
+def test_explain_shows_a_cpu_only_pods_summed_cpu_and_memory(tmp_path):
+    pod_yaml = tmp_path / "cpu.yaml"
+    pod_yaml.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu"},
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                 "initContainers": [{"name": "log", "restartPolicy": "Always",
+                                     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}}))
+    out = explain(str(pod_yaml), "--inventory-dir", str(EXAMPLES / "cluster"))
+    assert out.stdout.splitlines()[0] == "pod default/cpu: no GPU; cpu 1500m, memory 2 GiB", out.stdout + out.stderr

@@ -234,3 +234,16 @@ def test_unit_labels_compress_ranges(indices, label):
     state = node(gpus(8, RTX4090))
     units = [u for u in state.view.units("nvidia.com/gpu") if u.gpu_index in indices]
     assert label_units(units) == label
+
+
+@pytest.mark.parametrize("vram, memory_mib, have, need", [
+    ("24565Mi", 24564, "23.988 GiB", "23.989 GiB"),        # one MiB short: was "24 GiB VRAM < 24 GiB needed"
+    ("24564Mi", 24563, "23.987 GiB", "23.988 GiB"),
+    (str(24564 * 2**20 + 1), 24564, "23.9882812 GiB", "23.9882813 GiB"),  # one byte short
+    ("30Gi", 24564, "24 GiB", "30 GiB"),                    # far apart: printed as before
+])
+def test_a_vram_reason_prints_enough_digits_that_have_reads_less_than_need(vram, memory_mib, have, need):
+    from decimal import Decimal
+    result = run(pod({"gpuplace.io/vram": vram}), node([gpu(0, **{**RTX4090, "memory_mib": memory_mib})]))
+    assert f"{have} VRAM < {need} needed (gpuplace.io/vram)" in result.reason
+    assert Decimal(have.split()[0]) < Decimal(need.split()[0])

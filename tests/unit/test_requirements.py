@@ -137,3 +137,16 @@ def test_garbage_metadata_never_raises():
     for bad in [{}, {"metadata": None}, {"metadata": {"annotations": "x"}}, {"spec": {"containers": [None, 3]}}]:
         req = parse_pod(bad, CAT)
         assert not req.wants_gpu
+
+
+@pytest.mark.parametrize("value", ["0", "0Gi", "-1Gi", "1m", "500m"])
+def test_a_vram_of_less_than_one_byte_is_refused_as_such_not_as_an_unreadable_quantity(value):
+    req = parse({"gpuplace.io/vram": value})
+    assert req.vram_bytes is None
+    assert [str(e) for e in req.errors] == [
+        f"gpuplace.io/vram: {value!r} is less than one byte; a VRAM need is at least one byte, "
+        "e.g. 40Gi (GiB, 2^30 bytes) or 40G (10^9 bytes)"]
+
+
+def test_a_fractional_vram_in_bytes_rounds_up_as_kubernetes_does():
+    assert parse({"gpuplace.io/vram": "1.5"}).vram_bytes == 2

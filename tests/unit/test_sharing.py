@@ -9,7 +9,7 @@ import pytest
 from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.core.sharing import GpuSharing, node_gpu_sharing
+from scheduler_extender.core.sharing import GpuSharing, node_gpu_sharing, sharing_labels
 from scheduler_extender.fast.grouped import GroupedEngine
 from tests.factories import gpu, inventory, pod
 
@@ -69,7 +69,7 @@ def verdict(c, p, node="ts"):
      None),                                                 # MIG devices: not budgeted
 ])
 def test_a_nodes_sharing_is_read_from_gfd_labels_else_from_allocatable(labels, allocatable, gpus, expected):
-    got = node_gpu_sharing({"metadata": {"labels": labels}}, allocatable, gpus)
+    got = node_gpu_sharing(sharing_labels({"metadata": {"labels": labels}}), allocatable, gpus)
     assert (None if got is None else (got.strategy, got.replicas)) == expected
 
 
@@ -181,12 +181,12 @@ def test_among_shared_nodes_the_score_fills_the_replicas_already_in_use_first():
 
 def test_replicas_are_not_guessed_from_allocatable_while_the_agent_and_the_plugin_may_disagree_on_health():
     # 4 GPUs x 4 replicas; the plugin already dropped GPU 3 (12 advertised) while the agent has not
-    assert node_gpu_sharing({"metadata": {"labels": {}}}, {"nvidia.com/gpu": 12}, 4, all_healthy=False) is None
-    assert node_gpu_sharing({"metadata": {"labels": {}}}, {"nvidia.com/gpu": 16}, 4, all_healthy=True).replicas == 4
+    assert node_gpu_sharing(sharing_labels({"metadata": {"labels": {}}}), {"nvidia.com/gpu": 12}, 4, all_healthy=False) is None
+    assert node_gpu_sharing(sharing_labels({"metadata": {"labels": {}}}), {"nvidia.com/gpu": 16}, 4, all_healthy=True).replicas == 4
     c = cluster(node_obj("n", [gpu(0, **RTX_4090), gpu(1, **RTX_4090, healthy=False)], strategy=None))
     assert c.state("n").view.sharing is None  # 2 advertised for 2 GPUs with one unhealthy: not shared
     # the replicas label alone (older GFD wrote it only for time-slicing) is time-slicing
-    got = node_gpu_sharing({"metadata": {"labels": {"nvidia.com/gpu.replicas": "3"}}}, {"nvidia.com/gpu": 9}, 3, False)
+    got = node_gpu_sharing(sharing_labels({"metadata": {"labels": {"nvidia.com/gpu.replicas": "3"}}}), {"nvidia.com/gpu": 9}, 3, False)
     assert (got.strategy, got.replicas) == ("time-slicing", 3)
 
 
@@ -219,8 +219,8 @@ def test_a_name_repeated_in_allocated_to_counts_once():
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0664", "1" * 7, "-2", " 4", "4.0", ""])
 def test_a_replicas_label_that_is_no_plain_number_is_not_read(value):
-    assert node_gpu_sharing({"metadata": {"labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing",
-                                                     "nvidia.com/gpu.replicas": value}}}, {"nvidia.com/gpu": 1}, 1) is None
+    assert node_gpu_sharing(sharing_labels({"metadata": {"labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing",
+                                                     "nvidia.com/gpu.replicas": value}}}), {"nvidia.com/gpu": 1}, 1) is None
 
 
 def test_gpu_metrics_show_a_shared_gpu_allocated_while_a_pod_holds_a_replica():
@@ -237,3 +237,43 @@ def test_a_shared_gpu_nodes_gfd_product_label_names_the_model_without_its_shared
     inv = inventory_from_labels("n", {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090-SHARED",
                                       "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "24564"})
     assert CAT.resolve_driver_name(inv.gpus[0].name).id == "rtx-4090"
+
+
+# ---- a full Node sent in the request is read as the cache reads it -----------------------------
+
+def _from_request(node):
+    """The state of a Node that arrives in a request and is not in the source (static mode with
+    ``nodeCacheCapable: false``, or cluster mode before the watch has it)."""
+    from scheduler_extender.cluster.sources import ClusterSource
+    empty = ClusterCache(CAT, pod_vram)
+    empty.replace_nodes([])
+    empty.replace_pods([])
+    return ClusterSource(empty, CAT).states([node["metadata"]["name"]], [node])[0]
+
+
+@pytest.mark.parametrize("strategy, replicas", [("mps", 4), ("time-slicing", 4), (None, 1)])
+def test_a_full_node_in_the_request_is_budgeted_exactly_as_the_same_node_known_to_the_cache(strategy, replicas):
+    node = node_obj("ts", [gpu(0, **RTX_4090)], strategy=strategy, replicas=replicas)
+    known, sent = cluster(node).state("ts"), _from_request(node)
+    assert sent.view is not None and sent.view.sharing == known.view.sharing
+    for p in (inference("small-20", vram="20Gi"), inference("small-5", vram="5Gi"),
+              inference("medium", vram="20Gi", **{"gpuplace.io/class": "medium"})):
+        job = ENGINE.job(p)
+        assert ENGINE.filter(job, [sent], None)[0] == ENGINE.filter(job, [known], None)[0]
+
+
+def test_a_full_node_labelled_mps_refuses_a_need_beyond_one_replica_and_a_class_that_may_not_share():
+    sent = _from_request(node_obj("ts", [gpu(0, **RTX_4090)], strategy="mps", replicas=4))
+    big = ENGINE.filter(ENGINE.job(inference("a", vram="20Gi")), [sent], None)[0]
+    assert not big.passed and "VRAM per MPS replica (the GPU's / 4) < 20 GiB needed" in big.reason
+    medium = ENGINE.filter(ENGINE.job(inference("b", vram="20Gi", **{"gpuplace.io/class": "medium"})), [sent], None)[0]
+    assert not medium.passed and "may not share a GPU" in medium.reason
+
+
+def test_holders_a_full_node_names_count_as_the_whole_gpu_since_their_needs_are_unknown_there():
+    g = [gpu(0, **RTX_4090)]
+    g[0]["allocatedTo"] = "default/a"
+    sent = _from_request(node_obj("ts", g, strategy="time-slicing", replicas=4))
+    assert sent.allocation.shared == {g[0]["uuid"]: (None,)}
+    got = ENGINE.filter(ENGINE.job(inference("b", vram="5Gi")), [sent], None)[0]
+    assert not got.passed and "GPU 0: 0 GiB of 24 GiB VRAM left (1 pods share it)" in got.reason
