@@ -111,6 +111,11 @@ def values_schema() -> dict[str, Any]:
                 "resources": RESOURCES, "podLabels": LABELS, "podAnnotations": LABELS, **PLACEMENT, **EXTRA,
                 "debugEndpoints": {"type": "boolean", "description": "serve GET /debug/allocations (--debug-endpoints)"},
                 "filterReturnsBest": {"type": "boolean", "description": "one round trip per pod (--filter-returns-best)"},
+                "reservationSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600,
+                                       "description": "how long a pod sent to a node is held there until its binding "
+                                                      "shows (--reservation-seconds)"},
+                "sessionAffinity": s("the extender Service's sessionAffinity: ClientIP keeps one scheduler on one "
+                                     "replica, whose reservations it then meets", enum=["ClientIP", "None"]),
                 "networkPolicy": obj({"enabled": {"type": "boolean"}, "extraFrom": NETWORK_POLICY_PEERS,
                                       "healthFrom": NETWORK_POLICY_PEERS}),
                 "requeue": obj({"enabled": {"type": "boolean"},

@@ -21,6 +21,7 @@ from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.service.server import (DEFAULT_DECISION_THREADS, MAX_BODY_BYTES, MAX_INFLIGHT_BODY_BYTES,
                                        ExtenderService, create_app, create_health_app)
 from scheduler_extender.service.tls import RELOAD_INTERVAL_SECONDS, CertificateReloader
+from scheduler_extender.cluster.reservations import DEFAULT_TTL_SECONDS
 from scheduler_extender.cluster.watch import WATCH_TIMEOUT_SECONDS
 
 log = logging.getLogger("gpuplace.extender")
@@ -103,10 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close at once a connection beyond N open ones, per port, so that clients cannot use up "
                         f"the process's file descriptors (default: {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--filter-returns-best", action="store_true",
-                   help="/filter also scores and passes only the best-scored nodes (ties kept; the others are "
-                        "listed as failed with their score), so kube-scheduler can run without a prioritizeVerb: "
-                        "one round trip per pod. kube-scheduler's own score plugins then choose only among "
-                        "gpuplace's best nodes, and another extender sees only those")
+                   help="/filter also scores and passes only the best-scored node (ties broken by the score's "
+                        "other components, then by the request's order; the others are listed as failed with "
+                        "their score), so kube-scheduler can run without a prioritizeVerb: one round trip per "
+                        "pod, and in cluster mode the pod is reserved on exactly the node it will be bound to. "
+                        "Another extender sees only that node")
+    p.add_argument("--reservation-seconds", type=float, default=DEFAULT_TTL_SECONDS, metavar="SECONDS",
+                   help="cluster mode: how long a pod the extender sent to a node is held there in its books (its "
+                        "GPUs, a shared GPU's replica and VRAM, CPU and memory) while the watch does not show it "
+                        "bound; a binding, the pod's deletion or its next scheduling attempt ends it sooner "
+                        f"(default: {DEFAULT_TTL_SECONDS:g})")
     p.add_argument("--decision-threads", type=int, default=DEFAULT_DECISION_THREADS, metavar="N",
                    help="worker threads that parse and decide /filter, /prioritize and /explain requests, so "
                         "that a large request never holds up /healthz, /readyz, /metrics or the others; requests "
@@ -181,7 +188,8 @@ def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics, service: 
 
     from scheduler_extender.cluster.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
     from scheduler_extender.cluster.watch import ResourceWatcher
-    pending = PendingGpuPods(on_new=service.observe_pod)
+    cache = getattr(service.source, "cache", None)
+    pending = PendingGpuPods(on_new=service.observe_pod, on_deleted=cache.pod_gone if cache is not None else None)
     service.learn_from_requests = False
     pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
     w = ResourceWatcher("pending-pods", pods, pending, cluster_watch.stop_event,  # type: ignore[arg-type]
@@ -257,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
         if args.watch_timeout_seconds < 1:
             raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
+        if not (0 < args.reservation_seconds <= 3600):  # also NaN
+            raise UsageError(f"--reservation-seconds {args.reservation_seconds:g}: must be more than 0 and at most 3600")
         if args.tls_reload_seconds < 0:
             raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
     except UsageError as e:
@@ -315,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         def pod_vram(pod: Any) -> int | None:
             return (services[0].engine if services else engine).vram_need_bytes(pod)
 
-        cache = ClusterCache(catalog, pod_vram)
+        cache = ClusterCache(catalog, pod_vram, reservation_seconds=args.reservation_seconds)
         source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
         watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                              watch_timeout_seconds=args.watch_timeout_seconds)

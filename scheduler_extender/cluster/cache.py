@@ -24,6 +24,7 @@ import dataclasses
 import gc
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -33,12 +34,16 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
+from scheduler_extender.core.requirements import cut
 from scheduler_extender.core.pod_requests import NVIDIA_GPU, PodRequests, pod_requests
+from scheduler_extender.cluster.reservations import DEFAULT_TTL_SECONDS, Reservations
 from scheduler_extender.core.sharing import SharingLabels, node_gpu_sharing, shareable_gpus, sharing_labels
 
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+MAX_UID_CHARS = 320
+"""Longest uid a reservation is made for (a uid is 36 characters), and the longest pod name kept in one."""
 CHANGE_LOG_SIZE = 100_000
 """Node-state changes remembered for ``changes_since``; a reader further behind starts over."""
 
@@ -62,6 +67,21 @@ class _Pod:
     node: str
     requests: Mapping[str, int]
     pod: Pod | None = None  # what the decision reads of it: its VRAM need, where it shares a GPU (pod_vram)
+    reserved_vram: int | None = None  # a reserved pod's need, estimated when it was reserved
+    reserved: bool = False
+
+
+@dataclass(frozen=True)
+class _Reserved:
+    """What a reserved pod takes on each node it is reserved on (``reserve``): its name (cut),
+    device requests, VRAM need per GPU (bytes, None: unknown), CPU and memory. No pod object:
+    a reservation stays small whatever a request carried."""
+
+    key: str
+    requests: Mapping[str, int]
+    vram_bytes: int | None
+    cpu_milli: int | None
+    memory_bytes: int | None
 
 
 @dataclass
@@ -138,11 +158,15 @@ def checked_view(view: NodeView, allocatable: Mapping[str, int] | None, sharing:
 class ClusterCache:
     """Nodes and GPU pods, indexed by node. Methods take decoded API objects (dicts)."""
 
-    def __init__(self, catalog: Catalog, pod_vram: Callable[[Pod], int | None] | None = None) -> None:
+    def __init__(self, catalog: Catalog, pod_vram: Callable[[Pod], int | None] | None = None,
+                 reservation_seconds: float = DEFAULT_TTL_SECONDS) -> None:
         """``pod_vram``: a bound pod's VRAM need per GPU in bytes (None: unknown), for nodes whose
-        GPUs are shared (``core.sharing``); without it every pod sharing a GPU counts as the whole GPU."""
+        GPUs are shared (``core.sharing``); without it every pod sharing a GPU counts as the whole GPU.
+        ``reservation_seconds``: how long a reservation waits for its binding (``reservations``)."""
         self._catalog = catalog
         self._pod_vram = pod_vram
+        # Pods the extender sent to nodes and the watch does not show bound yet (cluster.reservations).
+        self._reservations: Reservations[_Reserved] = Reservations(reservation_seconds)
         self._lock = threading.RLock()
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}  # uid -> pod holding GPUs on a node
@@ -296,6 +320,10 @@ class ClusterCache:
             return
         uid, node, phase = pod.key, pod.spec.node_name, pod.status.phase
         asked = pod_requests(pod)
+        if node and phase not in TERMINAL_PHASES:
+            self._invalidate_all(self._reservations.bound(uid, node))
+        elif phase in TERMINAL_PHASES:
+            self._invalidate_all(self._reservations.released(uid))
         self._set_host_pod(uid, node, phase not in TERMINAL_PHASES, asked)
         requests = dict(asked.gpu)
         if not node or phase in TERMINAL_PHASES or not requests:
@@ -319,8 +347,58 @@ class ClusterCache:
                     return  # never tracked (_set_pod ignores such objects)
                 self._remove_pod(uid)
                 self._remove_host_pod(uid)
+                self._invalidate_all(self._reservations.released(uid))
             else:
                 self._set_pod(obj)
+
+    # ---- reservations (cluster.reservations) ---------------------------------------------------
+    def _invalidate_all(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._invalidate(name)
+
+    def reserve(self, pod: Pod, nodes: Iterable[str], vram_bytes: int | None = None, now: float | None = None) -> bool:
+        """Hold ``pod`` on ``nodes`` as if bound there until the watch shows its binding, it goes
+        away, or the reservation expires; every node state read after this counts it.
+        ``vram_bytes``: its VRAM need per GPU (None: unknown, counted as the whole GPU where GPUs
+        are shared). False (nothing held) for a pod without uid, one already bound, or one that
+        asks for nothing."""
+        uid = pod.uid
+        if uid is None or len(uid) > MAX_UID_CHARS:
+            return False
+        asked = pod_requests(pod)
+        if not asked.gpu and not asked.cpu_milli and not asked.memory_bytes:
+            return False
+        entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), dict(asked.gpu), vram_bytes,
+                          asked.cpu_milli, asked.memory_bytes)
+        with self._lock:
+            if uid in self._pods or uid in self._host_pods:
+                return False  # the watch shows it bound already: it counts as such
+            self._invalidate_all(self._reservations.reserve(uid, tuple(nodes), entry, _monotonic(now)))
+            return True
+
+    def retried(self, uid: str | None) -> None:
+        """kube-scheduler asks about pod ``uid`` again (a new attempt): end its last reservation
+        before the pod is decided, so that it does not count against itself."""
+        if uid:
+            with self._lock:
+                self._invalidate_all(self._reservations.retried(uid))
+
+    def pod_gone(self, uid: str, now: float | None = None) -> None:
+        """Pod ``uid`` left the pending-pods watch (deleted, or bound: that watch cannot tell):
+        its reservation ends shortly unless the binding shows (``Reservations.left_pending``)."""
+        with self._lock:
+            self._reservations.left_pending(uid, _monotonic(now))
+
+    def expire_reservations(self, now: float | None = None) -> None:
+        """End the reservations whose time is up (called before each decision and by the requeue loop)."""
+        with self._lock:
+            self._invalidate_all(self._reservations.expire(_monotonic(now)))
+
+    def reservation_counts(self) -> tuple[int, int, dict[str, int]]:
+        """(held now, made in all, ended by outcome) for metrics."""
+        with self._lock:
+            r = self._reservations
+            return len(r), r.made, dict(r.outcomes)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
         with self._lock, bulk_load():
@@ -372,6 +450,10 @@ class ClusterCache:
     # ---- reads -------------------------------------------------------------------------------
     def _allocation(self, node: _Node) -> NodeAllocation:
         pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
+        # Reserved pods count as bound here; on a shared node the agent has placed none of them
+        # on a GPU, so each counts on every GPU (_shared_allocation's unplaced).
+        pods += [_Pod(r.key, node.name, r.requests, None, r.vram_bytes, True)
+                 for r in self._reservations.on_node(node.name).values() if r.requests]
         if not pods:
             return NodeAllocation()
         if node.view is not None and node.view.sharing is not None:
@@ -390,6 +472,7 @@ class ClusterCache:
     def _host_free(self, node: _Node) -> tuple[int | None, int | None]:
         """Allocatable CPU/memory minus the bound pods' requests; None where either is unknown."""
         pods = [self._host_pods[uid] for uid in self._host_by_node.get(node.name, ())]
+        pods += [(node.name, r.cpu_milli, r.memory_bytes) for r in self._reservations.on_node(node.name).values()]
         out: list[int | None] = []
         for k, cap in enumerate(node.host):
             used = [p[k + 1] for p in pods]
@@ -408,7 +491,8 @@ class ClusterCache:
                 return None
             cpu, mem = self._host_free(node)
             st = NodeState(name=name, view=node.view, allocation=self._allocation(node), inventory_error=node.error,
-                           cpu_milli_free=cpu, memory_bytes_free=mem)
+                           cpu_milli_free=cpu, memory_bytes_free=mem,
+                           cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
             self._states[name] = st
             return st
 
@@ -429,7 +513,8 @@ class ClusterCache:
 
         Shape: ``{"synced": bool, "nodes": {node: {"inventory": "ok" | "missing" | <error>,
         "resources": {resource: {"allocatable", "held", "free"}}, "pods": {"ns/name":
-        {resource: units}}, "heldUnits": {unit UUID: "ns/name"}}}}``. Pods bound to a node the
+        {resource: units}}, "heldUnits": {unit UUID: "ns/name"}, "reserved": {"ns/name":
+        {resource: units}}}}}``; ``held`` and ``free`` count the reserved pods (``reserve``). Pods bound to a node the
         cache does not know (deleted, or not listed yet) are reported under that node name with
         ``"inventory": "node unknown"``, so an operator sees them instead of losing them.
         """
@@ -446,8 +531,9 @@ class ClusterCache:
                     alloc = self.state(name).allocation  # type: ignore[union-attr]
                     view = node.view
                     inventory = "ok" if view is not None else (node.error or "missing")
+                reserved = {r.key: dict(r.requests) for r in self._reservations.on_node(name).values()}
                 out[name] = {"inventory": inventory, "resources": resource_usage(view, alloc),
-                             "pods": pods, "heldUnits": dict(alloc.held)}
+                             "pods": pods, "heldUnits": dict(alloc.held), "reserved": reserved}
             return {"synced": self.synced, "nodes": out}
 
 
@@ -466,6 +552,8 @@ def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: Callable[[Pod
     needs: dict[str, int | None] = {}
 
     def need(p: _Pod) -> int | None:
+        if p.reserved:
+            return p.reserved_vram
         if p.key not in needs:
             needs[p.key] = pod_vram(p.pod) if pod_vram is not None and p.pod is not None else None
         return needs[p.key]
@@ -484,6 +572,10 @@ def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: Callable[[Pod
                      for _ in range(max(0, min(p.requests[NVIDIA_GPU], MAX_REPLICAS_PER_POD) - placed.get(k, 0))))
     anonymous = _sum_requests({r: n for r, n in p.requests.items() if r != NVIDIA_GPU} for p in pods)
     return NodeAllocation(anonymous=anonymous, shared=shared, shared_unplaced=unplaced)
+
+
+def _monotonic(now: float | None) -> float:
+    return time.monotonic() if now is None else now
 
 
 def _sum_requests(requests: Iterable[Mapping[str, int]]) -> dict[str, int]:

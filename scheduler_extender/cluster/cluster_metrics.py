@@ -12,12 +12,13 @@ import datetime as dt
 from collections import Counter as Tally
 from typing import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler_extender.core.requirements import NVIDIA_GPU
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.cluster.pending import PendingGpuPods
+from scheduler_extender.cluster.reservations import OUTCOMES
 from scheduler_extender.cluster.sources import StateSource
 
 
@@ -66,8 +67,36 @@ class ClusterStateCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families()  # declared up front: registration must not scrape
+        yield from self._reservation_families()
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._collect_states()
+        counts = getattr(getattr(self._source, "cache", None), "reservation_counts", None)
+        if counts is not None:
+            held, made, ended = counts()
+            held_fam, made_fam, ended_fam = fams = self._reservation_families()
+            held_fam.add_metric([], held)
+            made_fam.add_metric([], made)
+            for outcome in OUTCOMES:
+                ended_fam.add_metric([outcome], ended.get(outcome, 0))
+            yield from fams
+
+    @staticmethod
+    def _reservation_families() -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily("gpuplace_extender_reservations",
+                              "Pods this extender sent to a node and holds there (GPUs, a shared GPU's VRAM, CPU, "
+                              "memory) until the watch shows them bound."),
+            CounterMetricFamily("gpuplace_extender_reservations_made",
+                                "Reservations made: a /filter answer sent a pod to nodes."),
+            CounterMetricFamily("gpuplace_extender_reservations_ended",
+                                "Reservations ended, by outcome: confirmed (bound where reserved), bound_elsewhere, "
+                                "released (pod deleted or ended), replaced (kube-scheduler asked about the pod "
+                                "again), expired (no binding within --reservation-seconds).",
+                                labels=["outcome"]),
+        )
+
+    def _collect_states(self) -> Iterator[Metric]:
         gpus, migs, nodes, age, pending_pods, pending_gpus, oldest = fams = self._families()
         now = self._source.now()
         gpu_tally: Tally[tuple[str, str]] = Tally()

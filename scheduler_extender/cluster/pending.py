@@ -41,8 +41,13 @@ class PendingGpuPods:
     """Unbound pods requesting GPUs, by uid. Quacks like the pod half of ``ClusterCache`` for
     ``ResourceWatcher`` (``replace_pods``, ``apply_pod_event``, ``pods_synced``, ``stats``)."""
 
-    def __init__(self, on_new: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+    def __init__(self, on_new: Callable[[Mapping[str, Any]], None] | None = None,
+                 on_deleted: Callable[[str], None] | None = None) -> None:
+        """``on_new``: called with each waiting GPU pod seen for the first time. ``on_deleted``:
+        called with the uid of each pod that leaves this watch (a DELETED event: the pod was
+        deleted, or bound), for its reservation."""
         self._on_new = on_new
+        self._on_deleted = on_deleted
         self._lock = threading.Lock()
         self._pods: dict[str, PendingPod] = {}
         self.pods_synced = False
@@ -65,17 +70,27 @@ class PendingGpuPods:
         return new
 
     def apply_pod_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        if event_type == "DELETED":
+            self._deleted(obj)
+            return
         with self._lock:
             self.stats.pod_events += 1
-            if event_type == "DELETED":
-                try:
-                    self._pods.pop(as_pod(obj).key, None)
-                except PodShapeError:
-                    pass  # never tracked
-                return
             new = self._set(obj)
         if new and self._on_new is not None:
             self._on_new(obj)
+
+    def _deleted(self, obj: Mapping[str, Any]) -> None:
+        try:
+            pod = as_pod(obj)
+        except PodShapeError:
+            return  # never tracked
+        with self._lock:
+            self.stats.pod_events += 1
+            self._pods.pop(pod.key, None)
+        # A pod leaves this watch when it is bound too, and the API server's watch cache then sends
+        # the object as it was before (no node): the callback cannot tell, and must not assume.
+        if pod.uid and self._on_deleted is not None:
+            self._on_deleted(pod.uid)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
         with self._lock:

@@ -167,6 +167,9 @@ class Requeuer:
         service's view."""
         service = self._service
         now = self._clock()
+        expire = getattr(service.source, "expire_reservations", None)
+        if expire is not None:
+            expire()  # an expired reservation is a change like any other: pods it kept out are re-decided
         generation = self.generation()
         engine = service.engine
         groups: dict[tuple[int, bool], tuple[Job, list[Rejection]]] = {}  # (id(decision job), everything)

@@ -268,6 +268,10 @@ class NodeState:
     inventory_error: str | None = None
     cpu_milli_free: int | None = None
     memory_bytes_free: int | None = None
+    cpu_milli_allocatable: int | None = None
+    memory_bytes_allocatable: int | None = None
+    """The Node's allocatable CPU / memory (None: unknown), for ``core.kube_scores`` only: not part
+    of any equivalence key, since the filter and gpuplace's score read what is free."""
 
 
 

@@ -37,6 +37,7 @@ from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, Node
 from scheduler_extender.fast.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
@@ -190,9 +191,12 @@ class ExtenderService:
         self.learn_from_requests = True
         # Pods /filter passed no node for, requeued when a change lets one pass (cluster mode).
         self.requeue: Requeuer | None = None
-        # --filter-returns-best: /filter also scores and passes only the best-scored nodes, so
+        # --filter-returns-best: /filter also scores and passes only the best-scored node, so
         # kube-scheduler needs no prioritize call (one round trip per pod).
         self.filter_returns_best = False
+        # Reservations (cluster.reservations), where the source keeps them: cluster mode.
+        self._reserve_in = getattr(source, "reserve", None)
+        self._filter_lock = threading.Lock()
 
     @property
     def engine(self) -> GroupedEngine:
@@ -401,7 +405,17 @@ class ExtenderService:
         return orjson.loads(self.prioritize_response(args))
 
     def filter_response(self, args: ExtenderArgs) -> bytes:
-        """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes."""
+        """``POST /filter``: the ``ExtenderFilterResult`` as JSON bytes. Where the source keeps
+        reservations (cluster mode), the nodes the answer sends the pod to hold it before the
+        answer leaves (``_reserve``), and filters are decided one at a time, so that the next
+        pod's decision sees that reservation."""
+        if self._reserve_in is None:
+            return self._filter_response(args)
+        with self._filter_lock:
+            self._expire_reservations(args.Pod.uid)
+            return self._filter_response(args)
+
+    def _filter_response(self, args: ExtenderArgs) -> bytes:
         requeue = self.requeue
         # read before deciding: a change or a reload landing meanwhile counts as after the answer
         generation, serial = (requeue.generation(), self.engine.serial) if requeue is not None else (0, 0)
@@ -437,6 +451,16 @@ class ExtenderService:
             only = next(r for r in results if r.passed)
             if not only.untouched:
                 self._count_placement(job, only)
+                g = next(g for g, r in enumerate(results) if r.passed)
+                self._reserve(args.Pod, [n for n, k in zip(names, grouped.group_of) if k == g], job)
+        elif passing > 1 and not best_only and not job.errors:
+            # Two verbs: kube-scheduler's own scores choose among the passed nodes, so the pod is
+            # held on every passed node whose GPUs are shared, the one kind where kube-scheduler's
+            # count (replicas) cannot keep a GPU's VRAM from over-commit; released on binding.
+            shared = {g for g, (r, st) in enumerate(zip(results, grouped.states))
+                      if r.passed and not r.untouched and st.view is not None and st.view.sharing is not None}
+            if shared:
+                self._reserve(args.Pod, [n for n, g in zip(names, grouped.group_of) if g in shared], job)
         if requeue is not None:
             requeue.observe(job, args.Pod, names, results, passing, generation, serial)
         if not passing and results and not job.errors:
@@ -453,11 +477,14 @@ class ExtenderService:
         return self._answer("filter", grouped, lambda: dumps(self._filter_body(args, grouped)))
 
     def _best_only_response(self, job: Job, args: ExtenderArgs, names: list[str], grouped: GroupedResults) -> bytes:
-        """``/filter`` with ``--filter-returns-best``: the nodes that pass *and* have the best
-        score (ties kept) pass; the others that pass are listed as failed, resolvable, with their
-        score and the best, so ``kubectl describe pod`` still says why each was left out. The
-        score is the one ``/prioritize`` gives (``Engine.score_grouped``), so the placement is the
-        one the two-verb mode makes when kube-scheduler's own scores do not decide it."""
+        """``/filter`` with ``--filter-returns-best``: one node passes, of those with the best score
+        the one kube-scheduler's default resource scores prefer (``_tie_break``); the others that
+        pass are listed as failed, resolvable, with their score and the best, so ``kubectl
+        describe pod`` still says why each was left out. The score is the one ``/prioritize``
+        gives (``Engine.score_grouped``). One node, not every tied one, so that the pod's
+        reservation (``cluster.reservations``) is where kube-scheduler binds it: reserving on
+        every tied node until the binding shows would hold GPUs a burst's next pods need, and
+        holding none would let them over-commit a shared GPU."""
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         per_node = [scored.scores[i] for i in scored.score_of]
@@ -466,9 +493,12 @@ class ExtenderService:
         rank = {id(sc): sc.best_rank for sc in per_node if sc is not None}
         top = max(rank.values(), default=None)
         best = top[0] if top is not None else None
-        first_best = next((i for i, sc in enumerate(per_node) if sc is not None and rank[id(sc)] == top), None)
+        first_best = _tie_break(job, grouped, [i for i, sc in enumerate(per_node) if sc is not None and rank[id(sc)] == top])
         if first_best is not None:
             self._count_placement(job, scored.results[scored.score_of[first_best]])
+            # One node, so that the reservation holds exactly where the pod will be bound.
+            self._reserve(args.Pod, [names[first_best]], job)
+        chosen = names[first_best] if first_best is not None else None
 
         def build() -> bytes:
             passing: list[str] = []
@@ -476,8 +506,12 @@ class ExtenderService:
             unresolvable: dict[str, str] = {}
             for name, g, sc in zip(names, grouped.group_of, per_node):
                 r = grouped.results[g]
-                if r.passed and (sc is None or rank[id(sc)] == top):
+                if r.passed and (sc is None or name == chosen):
                     passing.append(name)
+                elif r.passed and rank[id(sc)] == top:
+                    failed[name] = (f"passes, and gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another "
+                                    f"node {best} ({top[1]:.3f}) alike; {chosen} is passed alone, so that the extender "
+                                    "can hold the pod's GPUs there until kube-scheduler binds it")
                 elif r.passed:
                     failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
                                     f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
@@ -486,6 +520,18 @@ class ExtenderService:
             return dumps(self._result_body(args, passing, failed, unresolvable))
 
         return self._answer(("filter-best", workload.version), grouped, build)
+
+    def _reserve(self, pod: Pod, nodes: list[str], job: Job) -> None:
+        """Hold ``pod`` on ``nodes`` until the watch shows it bound (``cluster.reservations``), with
+        its VRAM need per GPU as decided; nothing where the source keeps no reservations (static
+        mode: the files are the truth)."""
+        if self._reserve_in is not None and nodes:
+            self._reserve_in(pod, nodes, job.vram.bytes_per_gpu if job.vram is not None else None)
+
+    def _expire_reservations(self, retried_uid: str | None = None) -> None:
+        expire = getattr(self.source, "expire_reservations", None)
+        if expire is not None:
+            expire(retried_uid)
 
     def _scores_without_devices(self, job: Job) -> bool:
         """Whether a pod that asks for no device is scored (``score._score_without_devices``): it
@@ -628,6 +674,25 @@ class ExtenderService:
         # The learned workload moves the fragmentation component: its version is part of the key.
         return self._answer(("prioritize", workload.version), grouped,
                             lambda: dumps([{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)]))
+
+
+def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None:
+    """Of the input positions ``tied`` (nodes with gpuplace's best score), the one kube-scheduler's
+    default profile would score highest for the pod's CPU and memory (``core.kube_scores``), the
+    first in the request's order among equals (kube-scheduler rotates the order pod by pod)."""
+    if len(tied) < 2:
+        return tied[0] if tied else None
+    states = grouped.node_states
+    if not states:
+        return tied[0]
+    req = job.req
+
+    def kube_score(i: int) -> int:
+        st = states[i]
+        return default_profile_score(req.cpu_milli, req.memory_bytes, st.cpu_milli_free, st.memory_bytes_free,
+                                     st.cpu_milli_allocatable, st.memory_bytes_allocatable)
+
+    return max(tied, key=lambda i: (kube_score(i), -i))
 
 
 def parse_pod_body(body: bytes) -> Pod:

@@ -4,7 +4,8 @@ Two uses in the fault tests:
 
 * **Service**: kube-scheduler has one ``urlPrefix`` per extender; in a cluster it names a Service
   whose ready endpoints are the extender replicas (readinessProbe on ``/readyz``). The proxy
-  does the same on loopback: new connections go round-robin to the backends whose ``ready``
+  does the same on loopback: new connections go round-robin (or, with ``session_affinity``, to
+  the backend the client last used, as the chart's ``sessionAffinity: ClientIP``) to the backends whose ``ready``
   check last passed (polled every ``check_interval`` seconds, like a kubelet's probe), and a
   connection arriving while none is ready is closed at once (a Service without endpoints).
   The readiness history it records is what the tests read to see ``/readyz`` go false.
@@ -38,7 +39,12 @@ class TCPProxy:
     """Listens on ``127.0.0.1:port`` and forwards to ``backends`` (see module docstring)."""
 
     def __init__(self, backends: Sequence[tuple[str, int]], *, ready_checks: Sequence[Callable[[], bool]] | None = None,
-                 check_interval: float = 0.5) -> None:
+                 check_interval: float = 0.5, session_affinity: bool = False) -> None:
+        """``session_affinity``: as a Service with ``sessionAffinity: ClientIP`` (the chart's) for
+        its one client, kube-scheduler: every connection goes to the backend the last one went to
+        while it is ready, else to the next ready one, which it then sticks to (kube-proxy)."""
+        self.session_affinity = session_affinity
+        self._sticky: Backend | None = None
         checks = list(ready_checks) if ready_checks is not None else [None] * len(backends)
         self.backends = [Backend(h, p, c, ready=c is None) for (h, p), c in zip(backends, checks)]
         self.port = free_port()
@@ -108,8 +114,11 @@ class TCPProxy:
             ready = [b for b in self.backends if b.ready]
             if not ready:
                 return None
+            if self.session_affinity and self._sticky is not None and self._sticky.ready:
+                return self._sticky
             self._next += 1
-            return ready[self._next % len(ready)]
+            self._sticky = ready[self._next % len(ready)]
+            return self._sticky
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():

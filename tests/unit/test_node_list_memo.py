@@ -57,6 +57,7 @@ def test_a_binding_between_two_requests_is_seen_by_the_second():
     service = ExtenderService(GroupedEngine(), ClusterSource(cache, CAT))
     p = pod(EIGHT_GPU, gpus=8, name="train")
     assert ask(service, "filter", p)["NodeNames"] == ["gpu-a100-80g-0"]
+    cache.apply_pod_event("DELETED", p)  # frees its reservation (test_reservations)
     cache.apply_pod_event("ADDED", bound("other", "gpu-a100-80g-0", 1))
     second = ask(service, "filter", pod(EIGHT_GPU, gpus=8, name="train-2"))
     assert second["NodeNames"] == []
