@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             engine = Engine(policy_watcher.policy, catalog)
         services: list[ExtenderService] = []  # the engine a bound pod's VRAM need is estimated with: the current one
 
-        def pod_vram(pod: Any) -> int | None:
-            return (services[0].engine if services else engine).vram_need_bytes(pod)
+        def pod_vram(pod: Any, memory_bytes: int) -> int | None:
+            return (services[0].engine if services else engine).vram_need_bytes(pod, memory_bytes)
 
         cache = ClusterCache(catalog, pod_vram, reservation_seconds=args.reservation_seconds)
         source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))

@@ -37,7 +37,7 @@ from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import cut
 from scheduler_extender.core.pod_requests import NVIDIA_GPU, PodRequests, pod_requests
 from scheduler_extender.cluster.reservations import DEFAULT_TTL_SECONDS, Reservations
-from scheduler_extender.core.sharing import SharingLabels, node_gpu_sharing, shareable_gpus, sharing_labels
+from scheduler_extender.core.sharing import SharingLabels, node_gpu_sharing, shareable_gpus, shared_free_milli, sharing_labels
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class _Pod:
     pod: Pod | None = None  # what the decision reads of it: its VRAM need, where it shares a GPU (pod_vram)
     reserved_vram: int | None = None  # a reserved pod's need, estimated when it was reserved
     reserved: bool = False
+    reserved_fraction: int | None = None  # ... or its gpuplace.io/gpu-fraction, thousandths of the GPU
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class _Reserved:
     vram_bytes: int | None
     cpu_milli: int | None
     memory_bytes: int | None
+    gpu_fraction_milli: int | None = None
+
+
+PodVram = Callable[[Pod, int], "int | None"]
+"""(bound pod, memory of the GPU it shares in bytes) -> its VRAM need there in bytes, or None."""
 
 
 @dataclass
@@ -158,10 +164,11 @@ def checked_view(view: NodeView, allocatable: Mapping[str, int] | None, sharing:
 class ClusterCache:
     """Nodes and GPU pods, indexed by node. Methods take decoded API objects (dicts)."""
 
-    def __init__(self, catalog: Catalog, pod_vram: Callable[[Pod], int | None] | None = None,
+    def __init__(self, catalog: Catalog, pod_vram: PodVram | None = None,
                  reservation_seconds: float = DEFAULT_TTL_SECONDS) -> None:
-        """``pod_vram``: a bound pod's VRAM need per GPU in bytes (None: unknown), for nodes whose
-        GPUs are shared (``core.sharing``); without it every pod sharing a GPU counts as the whole GPU.
+        """``pod_vram``: a bound pod's VRAM need in bytes on a GPU of the given memory (None:
+        unknown), for nodes whose GPUs are shared (``core.sharing``); without it every pod sharing
+        a GPU counts as the whole GPU.
         ``reservation_seconds``: how long a reservation waits for its binding (``reservations``)."""
         self._catalog = catalog
         self._pod_vram = pod_vram
@@ -356,11 +363,13 @@ class ClusterCache:
         for name in names:
             self._invalidate(name)
 
-    def reserve(self, pod: Pod, nodes: Iterable[str], vram_bytes: int | None = None, now: float | None = None) -> bool:
+    def reserve(self, pod: Pod, nodes: Iterable[str], vram_bytes: int | None = None, now: float | None = None,
+                gpu_fraction_milli: int | None = None) -> bool:
         """Hold ``pod`` on ``nodes`` as if bound there until the watch shows its binding, it goes
         away, or the reservation expires; every node state read after this counts it.
         ``vram_bytes``: its VRAM need per GPU (None: unknown, counted as the whole GPU where GPUs
-        are shared). False (nothing held) for a pod without uid, one already bound, or one that
+        are shared); ``gpu_fraction_milli``: its ``gpuplace.io/gpu-fraction``, which sets the need
+        on each GPU instead. False (nothing held) for a pod without uid, one already bound, or one that
         asks for nothing."""
         uid = pod.uid
         if uid is None or len(uid) > MAX_UID_CHARS:
@@ -369,7 +378,7 @@ class ClusterCache:
         if not asked.gpu and not asked.cpu_milli and not asked.memory_bytes:
             return False
         entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), dict(asked.gpu), vram_bytes,
-                          asked.cpu_milli, asked.memory_bytes)
+                          asked.cpu_milli, asked.memory_bytes, gpu_fraction_milli)
         with self._lock:
             if uid in self._pods or uid in self._host_pods:
                 return False  # the watch shows it bound already: it counts as such
@@ -452,7 +461,7 @@ class ClusterCache:
         pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
         # Reserved pods count as bound here; on a shared node the agent has placed none of them
         # on a GPU, so each counts on every GPU (_shared_allocation's unplaced).
-        pods += [_Pod(r.key, node.name, r.requests, None, r.vram_bytes, True)
+        pods += [_Pod(r.key, node.name, r.requests, None, r.vram_bytes, True, r.gpu_fraction_milli)
                  for r in self._reservations.on_node(node.name).values() if r.requests]
         if not pods:
             return NodeAllocation()
@@ -541,22 +550,30 @@ MAX_REPLICAS_PER_POD = 64
 """Replicas of one pod counted on a shared node (a pod bound by another scheduler may hold several)."""
 
 
-def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: Callable[[Pod], int | None] | None) -> NodeAllocation:
+def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: PodVram | None) -> NodeAllocation:
     """On a node whose GPUs are shared: per GPU the VRAM needs of the pods the agent lists on it
     (``allocatedTo``, comma-separated; a name once per GPU, at most ``replicas`` of them), each
-    pod's other replicas as unplaced, and every other resource's pods as anonymous, as on any
-    node. A need is estimated when the node's state is built (``pod_vram``, the policy in force
-    then; None without it: unknown, counted as the whole GPU)."""
+    pod's other replicas as unplaced, every other resource's pods as anonymous, as on any node,
+    and per GPU the share its holders leave (``core.sharing.shared_free_milli``: what the score's
+    fragmentation, scarcity and packing read, as in ``gpuplace simulate``). A need is estimated when the node's state is built (``pod_vram``, the policy in force
+    then, on a GPU of that memory: a ``gpuplace.io/gpu-fraction`` is of the GPU's memory; a pod
+    on no GPU the agent has reported is counted on the largest; None without it: unknown, counted
+    as the whole GPU)."""
     replicas = view.sharing.replicas if view.sharing is not None else 1
     by_key = {p.key: p for p in pods if NVIDIA_GPU in p.requests}
-    needs: dict[str, int | None] = {}
+    needs: dict[tuple[str, int], int | None] = {}
 
-    def need(p: _Pod) -> int | None:
+    def need(p: _Pod, memory_bytes: int) -> int | None:
         if p.reserved:
+            if p.reserved_fraction is not None:
+                return -(-memory_bytes * p.reserved_fraction // 1000)
             return p.reserved_vram
-        if p.key not in needs:
-            needs[p.key] = pod_vram(p.pod) if pod_vram is not None and p.pod is not None else None
-        return needs[p.key]
+        key = (p.key, memory_bytes)
+        if key not in needs:
+            needs[key] = pod_vram(p.pod, memory_bytes) if pod_vram is not None and p.pod is not None else None
+        return needs[key]
+
+    largest = max((u.memory_bytes for u in view.units(NVIDIA_GPU)), default=0)  # for holders on no known GPU
 
     shared: dict[str, tuple[int | None, ...]] = {}
     placed: dict[str, int] = {}
@@ -565,13 +582,14 @@ def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: Callable[[Pod
             continue
         holders = [by_key[k] for k in dict.fromkeys(u.allocated_to.split(",")) if k in by_key][:replicas]
         if holders:
-            shared[u.uuid] = tuple(need(p) for p in holders)
+            shared[u.uuid] = tuple(need(p, u.memory_bytes) for p in holders)
             for p in holders:
                 placed[p.key] = placed.get(p.key, 0) + 1
-    unplaced = tuple(need(p) for k, p in by_key.items()
+    unplaced = tuple(need(p, largest) for k, p in by_key.items()
                      for _ in range(max(0, min(p.requests[NVIDIA_GPU], MAX_REPLICAS_PER_POD) - placed.get(k, 0))))
     anonymous = _sum_requests({r: n for r, n in p.requests.items() if r != NVIDIA_GPU} for p in pods)
-    return NodeAllocation(anonymous=anonymous, shared=shared, shared_unplaced=unplaced)
+    return NodeAllocation(anonymous=anonymous, shared=shared, shared_unplaced=unplaced,
+                          partly_free_milli=shared_free_milli(view.units(NVIDIA_GPU), shared, unplaced))
 
 
 def _monotonic(now: float | None) -> float:

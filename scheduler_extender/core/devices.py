@@ -22,7 +22,7 @@ from node_agent.inventory import GPU, NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import AMD_GPU, NVIDIA_GPU, mig_resource_name
-from scheduler_extender.core.sharing import GpuSharing
+from scheduler_extender.core.sharing import GpuSharing, shared_free_milli
 
 
 MILLI = 1000
@@ -223,7 +223,8 @@ class NodeAllocation:
     """Unit UUID -> thousandths of the unit still free, for units GPU-sharing pods hold a share of
     (``Job.gpu_milli`` < 1000), whether or not ``held`` lists them; a unit not listed is wholly free
     unless held. Read by the score's fragmentation only (``score.free_models``): which units a pod
-    may be given is ``held``. Filled by ``gpuplace simulate``'s share model."""
+    may be given is ``held`` (on a shared node, ``shared``). Filled by ``gpuplace simulate``'s share
+    model, and in the cluster from the needs of a shared GPU's holders (``sharing.shared_free_milli``)."""
 
     def held_count(self) -> int:
         return len(self.held) + sum(self.anonymous.values())
@@ -245,10 +246,12 @@ def allocation_from_inventory(view: NodeView) -> NodeAllocation:
     if view.sharing is None:
         return NodeAllocation(held={u.uuid: u.allocated_to for u in view.all_units if u.allocated_to})
     shared_units = {u.uuid for u in view.units(NVIDIA_GPU)}
-    shared = {u.uuid: (None,) * len(list(dict.fromkeys(u.allocated_to.split(",")))[:view.sharing.replicas])
-              for u in view.units(NVIDIA_GPU) if u.allocated_to}
+    shared: dict[str, tuple[int | None, ...]] = {
+        u.uuid: (None,) * len(list(dict.fromkeys(u.allocated_to.split(",")))[:view.sharing.replicas])
+        for u in view.units(NVIDIA_GPU) if u.allocated_to}
     held = {u.uuid: u.allocated_to for u in view.all_units if u.allocated_to and u.uuid not in shared_units}
-    return NodeAllocation(held=held, shared=shared)
+    return NodeAllocation(held=held, shared=shared,
+                          partly_free_milli=shared_free_milli(view.units(NVIDIA_GPU), shared, ()))
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,13 @@ class Engine:
         ``namespace_labels`` None: unknown."""
         return resolve_job(pod, self.policy, self.catalog, namespace_labels)
 
-    def vram_need_bytes(self, pod: Pod | Mapping[str, Any]) -> int | None:
+    def vram_need_bytes(self, pod: Pod | Mapping[str, Any], memory_bytes: int | None = None) -> int | None:
         """The pod's VRAM need per GPU in bytes under this engine's policy (its estimate or
-        ``gpuplace.io/vram``); None when unknown. The cache counts pods sharing a GPU by it."""
+        ``gpuplace.io/vram``; ``gpuplace.io/gpu-fraction`` of ``memory_bytes``, the memory of the
+        GPU it shares); None when unknown. The cache counts pods sharing a GPU by it."""
         job = self.job(pod)
+        if job.req.gpu_fraction_milli is not None:
+            return None if memory_bytes is None else -(-memory_bytes * job.req.gpu_fraction_milli // 1000)
         return job.vram.bytes_per_gpu if job.vram is not None else None
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:

@@ -429,23 +429,26 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
     if alloc.shared_replicas_in_use() >= replicas * len(eligible) or not with_room:
         return NodeResult(node, False, (Rejection(
             C_FREE, f"all {replicas * len(eligible)} replicas in use ({how})", resolvable=True),))
-    need = job.vram.bytes_per_gpu if job.vram is not None else None
+    need = {u.uuid: job.vram_need_on(u) for u in with_room}  # a gpu-fraction is of each GPU's memory
     if sharing.strategy == "mps":
         limit = min(u.memory_bytes for u in with_room) // replicas
-        if need is not None and need > limit:
-            (limit_text,), need_text = fmt_gib_below([limit], need)
+        over = [u for u in with_room if (need[u.uuid] or 0) > limit]
+        if over:
+            worst = max(need[u.uuid] or 0 for u in over)
+            (limit_text,), need_text = fmt_gib_below([limit], worst)
             return NodeResult(node, False, (Rejection(
-                C_VRAM, f"{limit_text} VRAM per MPS replica (the GPU's / {replicas}) < {job.vram.describe(need_text)}"),))
+                C_VRAM, f"{limit_text} VRAM per MPS replica (the GPU's / {replicas}) < {_need_text(job, need_text)}"),))
         return NodeResult(node, True, chosen=(with_room[0],))
     # Time-slicing: no memory isolation; the plugin may hand out a replica of any GPU with one free.
     left = {u.uuid: u.memory_bytes - used_vram_bytes(u.memory_bytes, (*held[u.uuid], *alloc.shared_unplaced))
             for u in with_room}
-    short = [u for u in with_room if left[u.uuid] < (need if need is not None else u.memory_bytes)]
+    short = [u for u in with_room if left[u.uuid] < (need[u.uuid] if need[u.uuid] is not None else u.memory_bytes)]
     if short:
         unplaced = len(alloc.shared_unplaced)
-        if job.vram is not None:
-            lefts, need_text = fmt_gib_below([max(0, left[u.uuid]) for u in short], job.vram.bytes_per_gpu)
-            wanted = job.vram.describe(need_text)
+        if need[short[0].uuid] is not None:
+            worst = max(need[u.uuid] or 0 for u in short)
+            lefts, need_text = fmt_gib_below([max(0, left[u.uuid]) for u in short], worst)
+            wanted = _need_text(job, need_text)
         else:
             lefts, wanted = [fmt_gib(max(0, left[u.uuid])) for u in short], "the whole GPU needed (VRAM need unknown)"
         parts = "; ".join(f"GPU {u.gpu_index}: {shown} of {fmt_gib(u.memory_bytes)} VRAM left "
@@ -455,6 +458,13 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
             C_VRAM, f"{parts} < {wanted} ({how}: the device plugin may give any GPU with a free replica{unplaced_note})",
             resolvable=True),))
     return NodeResult(node, True, chosen=(max(with_room, key=lambda u: (left[u.uuid], -u.gpu_index)),))
+
+
+def _need_text(job: Job, amount: str) -> str:
+    """The pod's VRAM need in a reason, with where it comes from."""
+    if job.req.gpu_fraction_milli is not None:
+        return f"{amount} needed (gpuplace.io/gpu-fraction {job.req.gpu_fraction_milli / 1000:g} of the GPU)"
+    return job.vram.describe(amount) if job.vram is not None else f"{amount} needed"
 
 
 def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None

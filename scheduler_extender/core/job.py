@@ -45,8 +45,17 @@ class Job:
     gpu_milli: int = 1000
     """Thousandths of each of its GPUs the pod takes: 1000, whole GPUs; below (one GPU) a share of
     a GPU that other such pods take the rest of (FGD's ``gpu_milli``, Alibaba's GPU-sharing
-    scheduler). The score's fragmentation reads it with ``NodeAllocation.partly_free_milli``; no
-    annotation sets it: ``gpuplace simulate`` does, for openb's GPU-sharing pods."""
+    scheduler). The score's fragmentation reads it with ``NodeAllocation.partly_free_milli``. Set
+    by ``gpuplace.io/gpu-fraction`` (and by ``gpuplace simulate`` for openb's GPU-sharing pods);
+    on a node whose GPUs are shared the score counts the pod's VRAM need over the GPU's memory
+    instead (``score.share_taken``)."""
+
+    def vram_need_on(self, unit: Any) -> int | None:
+        """The pod's VRAM need on ``unit`` (a ``devices.Unit``), bytes: ``gpuplace.io/gpu-fraction``
+        of its memory (rounded up), else ``vram`` (the annotation or the estimate), else None."""
+        if self.req.gpu_fraction_milli is not None:
+            return -(-unit.memory_bytes * self.req.gpu_fraction_milli // 1000)
+        return self.vram.bytes_per_gpu if self.vram is not None else None
 
     @property
     def errors(self):  # noqa: ANN201 - tuple of AnnotationError
@@ -63,6 +72,8 @@ class Job:
                 None if self.memory_bytes is None else f"memory {fmt_gib(self.memory_bytes)}") if part))
         if self.vram:
             parts.append(self.vram.summary if self.vram.source == "estimate" else f"vram {fmt_gib(self.vram.bytes_per_gpu)}")
+        if r.gpu_fraction_milli is not None:
+            parts.append(f"gpu-fraction {r.gpu_fraction_milli / 1000:g}")
         if r.require:
             parts.append("require " + ",".join(sorted(r.require)))
         if r.runtime_explicit:
@@ -144,4 +155,5 @@ def resolve_job(pod: Pod | Mapping[str, Any], policy: Policy, catalog: Catalog,
                class_denied_models=frozenset() if explicit else ids(size_class.denied_models),
                class_last_resort_models=frozenset() if explicit else ids(size_class.last_resort_models),
                tenancy=grant, tenant_denial=tenant_denial(req, size_class, why, grant),
-               cpu_milli=cpu, memory_bytes=memory)
+               cpu_milli=cpu, memory_bytes=memory,
+               **({"gpu_milli": req.gpu_fraction_milli} if req.gpu_fraction_milli is not None else {}))

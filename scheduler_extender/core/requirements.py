@@ -32,9 +32,10 @@ A_REQUIRE = PREFIX + "require"
 A_PREFER = PREFIX + "prefer"
 A_RUNTIME = PREFIX + "runtime"
 A_CLASS = PREFIX + "class"
+A_FRACTION = PREFIX + "gpu-fraction"
 KNOWN_ANNOTATIONS = frozenset({
     A_PARAMS, A_WORKLOAD, A_PRECISION, A_SHARDING, A_VRAM, A_MODELS, A_EXCLUDE,
-    A_MIN_CC, A_REQUIRE, A_PREFER, A_RUNTIME, A_CLASS,
+    A_MIN_CC, A_REQUIRE, A_PREFER, A_RUNTIME, A_CLASS, A_FRACTION,
 })
 
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-((?:\d{1,2}c\.)?\d{1,2}g\.\d{1,4}gb)((?:[.-][a-z]{1,8}){0,3})$", re.ASCII)
@@ -75,6 +76,10 @@ Guide, "Compute Capabilities"; Ampere and Ada architecture whitepapers), FP6 and
 (10.0 for B200/GB200, 10.3 for B300/GB300, 12.0 for the RTX 50 series and RTX PRO Blackwell): the
 PTX ISA's e2m3/e3m2 (FP6) and e2m1 (FP4) MMA types need sm_100a or sm_120a and later, and no GPU
 of compute capability 9.x or below has them."""
+
+_FRACTION = re.compile(r"^(?:0?\.[0-9]{1,6}|1(?:\.0{1,6})?|0)$", re.ASCII)
+# A share of one GPU: a decimal in (0, 1], at most six decimals (a millionth of a GPU is below any
+# VRAM need that matters; the share is counted in thousandths, rounded up).
 
 _PARAMS = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT])?$", re.ASCII)
 # Major and minor of a compute capability: a few ASCII digits each (int() of thousands of digits
@@ -158,6 +163,7 @@ class JobRequirements:
     runtime_explicit: bool = False
     class_name: str | None = None
     has_annotations: bool = False
+    gpu_fraction_milli: int | None = None  # gpuplace.io/gpu-fraction, thousandths of one GPU
     cpu_milli: int | None = None  # the pod's CPU request, millicores (core.pod_requests); None: unknown
     memory_bytes: int | None = None  # ... and memory request, bytes
     errors: tuple[AnnotationError, ...] = field(default=())
@@ -342,6 +348,8 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
     if {"full-gpu", "mig"} <= require:
         errors.append(AnnotationError(A_REQUIRE, "full-gpu and mig exclude each other; require one"))
 
+    gpu_fraction_milli = _gpu_fraction(ours, resource, count, errors)
+
     runtime = _choice(ours, A_RUNTIME, RUNTIMES, errors)
     runtime_explicit = runtime is not None
     if runtime is None:
@@ -383,5 +391,25 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
         has_annotations=bool(ours),
         cpu_milli=asked.cpu_milli,
         memory_bytes=asked.memory_bytes,
+        gpu_fraction_milli=gpu_fraction_milli,
         errors=tuple(errors),
     )
+
+
+def _gpu_fraction(annotations: Mapping[str, str], resource: str | None, count: int,
+                  errors: list[AnnotationError]) -> int | None:
+    """``gpuplace.io/gpu-fraction`` in thousandths of a GPU (rounded up), or None; only for a pod
+    asking one ``nvidia.com/gpu`` (a replica of a shared GPU, or a whole GPU elsewhere)."""
+    if A_FRACTION not in annotations:
+        return None
+    text = str(annotations[A_FRACTION]).strip()
+    if not _FRACTION.match(text) or float(text) <= 0:
+        errors.append(AnnotationError(A_FRACTION, f"{shown(annotations[A_FRACTION])} is not a share of one GPU; "
+                                                  "use a decimal above 0 and at most 1, e.g. 0.5 or 0.25"))
+        return None
+    if resource != NVIDIA_GPU or count != 1:
+        errors.append(AnnotationError(A_FRACTION, f"a share of one GPU needs a request of 1 {NVIDIA_GPU}, "
+                                                  f"not {count} {resource or 'GPU'}"))
+        return None
+    return max(1, math.ceil(float(text) * 1000 - 1e-9))
+

@@ -64,6 +64,7 @@ from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.requirements import NVIDIA_GPU
+from scheduler_extender.core.sharing import share_milli
 from scheduler_extender.core.workload import (FreeByModel, WorkloadProfile, free_by_model, free_by_model_minus,
                                               model_key)
 
@@ -111,8 +112,12 @@ def _packing(state: NodeState, result: NodeResult, job: Job) -> float:
         return 0.0
     alloc = state.allocation
     if view.sharing is not None and job.req.resource == NVIDIA_GPU:
-        # GPUs shared by replicas (core.sharing): fill the replicas already in use first.
-        return min(1.0, (alloc.shared_replicas_in_use() + 1) / (total * view.sharing.replicas))
+        # GPUs shared by replicas (core.sharing): fill what holders already use of the GPUs first,
+        # by share (MostAllocated over thousandths, as the simulator counts a shared GPU).
+        levels, _ = free_models(state, NVIDIA_GPU)
+        healthy = sum(1 for u in view.units(NVIDIA_GPU) if u.healthy)
+        taken = sum(min(levels.get(u.uuid, 0), share_taken(job, state, u)) for u in result.chosen)
+        return min(1.0, (healthy * MILLI - sum(levels.values()) + taken) / (healthy * MILLI)) if healthy else 0.0
     used_before = alloc.held_count()
     n = len(result.chosen)
     if used_before == 0 and total >= WHOLE_NODE_GPUS and n < total:
@@ -141,6 +146,17 @@ def free_models(state: NodeState, resource: str) -> FreeModels:
     return levels, free_by_model(units, levels)
 
 
+def share_taken(job: Job, state: NodeState, unit: Unit) -> int:
+    """Thousandths of ``unit`` the pod takes: ``Job.gpu_milli`` (1000 for whole devices; a
+    GPU-sharing pod's share in ``gpuplace simulate``), and on a node whose GPUs the device plugin
+    shares (``NodeView.sharing``) the pod's VRAM need over the GPU's memory
+    (``sharing.share_milli``), as its holders' shares are counted there."""
+    view = state.view
+    if view is None or view.sharing is None or job.req.resource != NVIDIA_GPU:
+        return job.gpu_milli
+    return share_milli(job.vram_need_on(unit), unit.memory_bytes)
+
+
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
                         free: FreeModels | None = None, resource: str | None = None) -> float:
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
@@ -151,7 +167,7 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
     devices measured, the pod's own by default (a pod without devices: each of the workload's)."""
     resource = resource or job.req.resource or ""
     levels, before = free or free_models(state, resource)
-    taken = [(u, levels[u.uuid], job.gpu_milli) for u in chosen if u.uuid in levels]
+    taken = [(u, levels[u.uuid], share_taken(job, state, u)) for u in chosen if u.uuid in levels]
     after = free_by_model_minus(before, taken) if taken else before
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     before_f = workload.fragmentation(resource, before, cpu, mem)
@@ -173,7 +189,7 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
         return 0.0
     levels, before = free or free_models(state, resource)
     g_before = sum(level * n for _, level, n in before) / MILLI
-    g_after = g_before - sum(min(levels.get(u.uuid, 0), job.gpu_milli) for u in chosen) / MILLI
+    g_after = g_before - sum(min(levels.get(u.uuid, 0), share_taken(job, state, u)) for u in chosen) / MILLI
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
     return (workload.host_stranding(resource, g_after, cpu_after, mem_after)
@@ -221,10 +237,12 @@ def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[st
     return supply
 
 
-def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float]) -> float:
+def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float], state: NodeState | None = None) -> float:
     """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
-    for the share of each it takes; in devices."""
-    return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
+    for the share of each it takes (``share_taken`` on ``state``); in devices."""
+    if state is None:
+        return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
+    return sum(scarcity.get(model_key(u), 0.0) * share_taken(job, state, u) for u in chosen) / MILLI
 
 
 FRAG_SCALE_GPUS = 1.0
@@ -277,7 +295,7 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
             free = free_models(s, resource)
             deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
                               + host_stranding_delta(job, s, r.chosen, workload, free)
-                              + (scarcity_delta(job, r.chosen, scarcity) if scarcity else 0.0))
+                              + (scarcity_delta(job, r.chosen, scarcity, s) if scarcity else 0.0))
         frag = fragmentation_values(deltas)
         if len(set(frag.values())) == 1:
             frag = {}  # tells no candidate apart: leave the other components their full say

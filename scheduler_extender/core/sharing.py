@@ -24,8 +24,9 @@ one GPU), so a shared node passes only one-GPU pods. Which classes may share is 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Protocol, Sequence
 
 SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
@@ -108,3 +109,41 @@ def used_vram_bytes(memory_bytes: int, needs: Sequence[int | None]) -> int:
     """VRAM the pods holding a GPU's replicas use, by their needs (bytes; None: unknown, counted
     as the whole GPU), at most the GPU's memory."""
     return min(memory_bytes, sum(memory_bytes if n is None else n for n in needs))
+
+
+MILLI = 1000
+"""Thousandths of a GPU: the measure of a share (``devices.MILLI``, FGD's ``MILLI``)."""
+
+
+def share_milli(need_bytes: int | None, memory_bytes: int) -> int:
+    """The share of a GPU a pod holding one of its replicas takes, in thousandths: its VRAM need
+    over the GPU's memory, rounded up, at most all of it; an unknown need (None) takes all, as the
+    time-slicing budget counts it. What fragmentation, scarcity and packing read of a shared GPU,
+    in the cluster as in ``gpuplace simulate`` (openb's ``gpu_milli``)."""
+    if need_bytes is None or memory_bytes <= 0:
+        return MILLI
+    return max(1, min(MILLI, math.ceil(MILLI * need_bytes / memory_bytes)))
+
+
+class _SharedGpu(Protocol):
+    uuid: str
+    memory_bytes: int
+    healthy: bool
+
+
+def shared_free_milli(gpus: Sequence[_SharedGpu], shared: Mapping[str, Sequence[int | None]],
+                      unplaced: Sequence[int | None]) -> dict[str, int]:
+    """Per shared GPU that its holders use part or all of, the thousandths they leave
+    (``NodeAllocation.partly_free_milli``): ``MILLI`` minus each holder's ``share_milli``. The
+    holders the agent has not placed on a GPU yet (``unplaced``) are counted, largest first, on
+    the GPU with the most left: the device plugin's default replica choice gives the GPU with the
+    fewest replicas in use (``core.sharing`` docstring), which the one with the most left mostly is."""
+    left = {g.uuid: MILLI - sum(share_milli(n, g.memory_bytes) for n in shared.get(g.uuid, ()))
+            for g in gpus if g.healthy}
+    memory = {g.uuid: g.memory_bytes for g in gpus}
+    for need in sorted(unplaced, key=lambda n: math.inf if n is None else n, reverse=True):
+        if not left:
+            break
+        uuid = max(left, key=lambda u: (left[u], u))
+        left[uuid] -= share_milli(need, memory[uuid])
+    return {u: max(0, v) for u, v in left.items() if v < MILLI}

@@ -69,7 +69,7 @@ def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:
 
 
 def cluster_states_from_api(api_client: Any, catalog: Catalog,
-                            pod_vram: Callable[[Any], int | None] | None = None) -> ClusterSource:
+                            pod_vram: Callable[[Any, int], int | None] | None = None) -> ClusterSource:
     """List Nodes, Pods and Namespaces once through the official client and build states with ``ClusterCache``
     (the cache the extender's watch feeds), so explain sees what the extender sees; ``pod_vram``
     as for ``ClusterCache`` (``Engine.vram_need_bytes``: pods sharing a GPU counted by their need).

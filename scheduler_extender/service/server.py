@@ -526,7 +526,8 @@ class ExtenderService:
         its VRAM need per GPU as decided; nothing where the source keeps no reservations (static
         mode: the files are the truth)."""
         if self._reserve_in is not None and nodes:
-            self._reserve_in(pod, nodes, job.vram.bytes_per_gpu if job.vram is not None else None)
+            self._reserve_in(pod, nodes, job.vram.bytes_per_gpu if job.vram is not None else None,
+                             job.req.gpu_fraction_milli)
 
     def _expire_reservations(self, retried_uid: str | None = None) -> None:
         expire = getattr(self.source, "expire_reservations", None)

@@ -87,9 +87,8 @@ def node_obj(name, gpus, *, replicas=None, cpu="64"):
     return {"metadata": meta, "status": {"allocatable": {"nvidia.com/gpu": str(count), "cpu": cpu, "memory": "512Gi"}}}
 
 
-def pod_vram(p):
-    job = ENGINE.job(p)
-    return job.vram.bytes_per_gpu if job.vram is not None else None
+def pod_vram(p, memory_bytes):
+    return ENGINE.vram_need_bytes(p, memory_bytes)
 
 
 def cluster(*nodes, ttl=30.0):

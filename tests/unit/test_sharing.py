@@ -34,9 +34,8 @@ def bound(p, node):
     return p
 
 
-def pod_vram(p):
-    job = ENGINE.job(p)
-    return job.vram.bytes_per_gpu if job.vram is not None else None
+def pod_vram(p, memory_bytes):
+    return ENGINE.vram_need_bytes(p, memory_bytes)
 
 
 def cluster(*nodes):
