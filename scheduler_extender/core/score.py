@@ -240,7 +240,7 @@ def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[st
 def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float], state: NodeState | None = None) -> float:
     """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
     for the share of each it takes (``share_taken`` on ``state``); in devices."""
-    if state is None:
+    if state is None or state.view is None or state.view.sharing is None:
         return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
     return sum(scarcity.get(model_key(u), 0.0) * share_taken(job, state, u) for u in chosen) / MILLI
 
