@@ -8,10 +8,11 @@ random, as kube-scheduler's ``selectHost`` does.
 
 - ``gpuplace``: the pod's manifest through ``Engine.filter`` and ``Engine.score`` (the code the
   extender runs), on top of the CPU/memory filter. The node is picked as kube-scheduler picks it
-  with the extender as the chart installs it: ``/filter`` passes only the nodes of gpuplace's best
-  score (``filter_returns_best``, ``NodeScore.best_rank``) and the default profile's scores
-  (``kube_scores``, as ``spread``) choose among them, then a random pick among ties; with two
-  verbs, extender score x ``EXTENDER_WEIGHT`` x 10 plus those scores.
+  with the extender as the chart installs it: ``/filter`` passes one of the nodes of gpuplace's
+  best score (``filter_returns_best``, ``NodeScore.best_rank``), the one the default profile's
+  scores prefer (``kube_scores``, as ``spread``; the extender breaks its ties by the same formula,
+  ``core.kube_scores``), then the first in kube-scheduler's rotating order, modelled as a random
+  pick among ties; with two verbs, extender score x ``EXTENDER_WEIGHT`` x 10 plus those scores.
   The units are the filter's ``chosen``. A GPU-sharing pod's job carries its share
   (``Job.gpu_milli``, as a GPU-sharing device plugin would grant it); it is filtered as a one-GPU
   pod against the node with the units that have less than its share free held, and scored with

@@ -63,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
     s.add_argument("--extender-weight", type=float, default=None, metavar="W",
                    help="the extender's weight in the kube-scheduler configuration (default 10, as installed)")
     s.add_argument("--filter-returns-best", action=argparse.BooleanOptionalAction, default=True,
-                   help="model the extender as the chart installs it: /filter passes only gpuplace's best-scored "
-                        "nodes and kube-scheduler's own scores choose among them (default); "
+                   help="model the extender as the chart installs it: /filter passes one of gpuplace's "
+                        "best-scored nodes, the one kube-scheduler's default resource scores prefer, the "
+                        "remaining ties at random (kube-scheduler's order) (default); "
                         "--no-filter-returns-best: filter + prioritize, gpuplace's 0-10 score x weight x 10 "
                         "added to kube-scheduler's")
     s.add_argument("--cpu-only-pods", action=argparse.BooleanOptionalAction, default=True,

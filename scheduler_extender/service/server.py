@@ -514,7 +514,7 @@ class ExtenderService:
                                     "can hold the pod's GPUs there until kube-scheduler binds it")
                 elif r.passed:
                     failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
-                                    f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
+                                    f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored node only)")
                 else:
                     (unresolvable if r.unresolvable else failed)[name] = r.reason
             return dumps(self._result_body(args, passing, failed, unresolvable))
@@ -563,7 +563,7 @@ class ExtenderService:
             elif sc is not None:
                 failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
                                 f"{top[0]} ({top[1]:.3f}): this pod's CPU and memory would leave this node's free GPUs "
-                                "less usable (the extender's filter returns its best-scored nodes only)")
+                                "less usable (the extender's filter returns its best-scored node only)")
             elif not r.passed:
                 (unresolvable if r.unresolvable else failed)[name] = r.reason
         return dumps(self._result_body(args, passing, failed, unresolvable))
