@@ -17,14 +17,12 @@ from scheduler_extender.core.engine import Decision
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.cluster.sources import ClusterSource
 
-SCORE_WEIGHT_FIELDS = {"vramFit": "vram_fit"}
-
-
 def component_weights(policy: Policy) -> dict[str, float]:
-    """Score component -> its weight in the policy (``scoring``), by the component's name."""
-    names = ("cost", "vramFit", "mig", "throughput", "nvlink", "ecc", "packing")
-    return {n: float(getattr(policy.scoring, SCORE_WEIGHT_FIELDS.get(n, n))) for n in names
-            if hasattr(policy.scoring, SCORE_WEIGHT_FIELDS.get(n, n))}
+    """Score component -> its weight in the policy (``scoring``), by the component's name (the
+    field's name in the policy: ``vramFit``, ``fragmentation``, ...), for every weight the
+    policy has, so that no component is reported without its weight."""
+    scoring = policy.scoring
+    return {(f.alias or name): float(getattr(scoring, name)) for name, f in type(scoring).model_fields.items()}
 
 
 def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:

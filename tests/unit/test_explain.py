@@ -108,3 +108,30 @@ def test_explain_shows_a_cpu_only_pods_summed_cpu_and_memory(tmp_path):
                                      "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}}))
     out = explain(str(pod_yaml), "--inventory-dir", str(EXAMPLES / "cluster"))
     assert out.stdout.splitlines()[0] == "pod default/cpu: no GPU; cpu 1500m, memory 2 GiB", out.stdout + out.stderr
+
+
+def test_explain_gives_every_score_component_its_weight_fragmentation_included():
+    from node_agent.inventory import parse_inventory
+    from scheduler_extender.core.catalog import default_catalog
+    from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
+    from scheduler_extender.core.engine import Engine
+    from scheduler_extender.core.policy import default_policy
+    from scheduler_extender.core.workload import WorkloadProfile, demand_shape
+    from scheduler_extender.service.explain import component_weights, explain_decision
+    from tests.factories import gpu, inventory, pod
+    engine = Engine()
+
+    def node(name, held):
+        gs = [gpu(i) for i in range(2)]
+        view = build_node_view(parse_inventory(inventory(name, gs)), default_catalog())
+        return NodeState(name, view, NodeAllocation(held={gs[0]["uuid"]: "default/x"} if held else {}))
+
+    # The workload wants two 4090s at once: a one-GPU pod on the empty node would break a pair.
+    profile = WorkloadProfile(((demand_shape(engine.job(pod({}, gpus=2))), 1.0),))
+    decision = engine.decide(pod({}, gpus=1), [node("half", True), node("empty", False)], None, None, workload=profile)
+    doc = explain_decision(decision, default_policy())
+    seen = {k: c["weight"] for n in doc["nodes"] for k, c in n.get("components", {}).items()}
+    assert seen.get("fragmentation") == 100.0, seen
+    assert all(w is not None for w in seen.values()), seen
+    assert set(component_weights(default_policy())) == {"cost", "vramFit", "mig", "throughput", "nvlink", "ecc",
+                                                        "packing", "fragmentation"}
