@@ -377,12 +377,18 @@ class ClusterCache:
         asked = pod_requests(pod)
         if not asked.gpu and not asked.cpu_milli and not asked.memory_bytes:
             return False
+        if any(len(r) > MAX_UID_CHARS for r in asked.gpu):
+            return False  # no device plugin advertises such a name: a made-up request holds nothing
         entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), dict(asked.gpu), vram_bytes,
                           asked.cpu_milli, asked.memory_bytes, gpu_fraction_milli)
         with self._lock:
             if uid in self._pods or uid in self._host_pods:
                 return False  # the watch shows it bound already: it counts as such
-            self._invalidate_all(self._reservations.reserve(uid, tuple(nodes), entry, _monotonic(now)))
+            # Only the cluster's nodes: a request may name any (Node objects sent whole).
+            known = tuple(n for n in nodes if n in self._nodes)
+            if not known:
+                return False
+            self._invalidate_all(self._reservations.reserve(uid, known, entry, _monotonic(now)))
             return True
 
     def retried(self, uid: str | None) -> None:
@@ -461,8 +467,10 @@ class ClusterCache:
         pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
         # Reserved pods count as bound here; on a shared node the agent has placed none of them
         # on a GPU, so each counts on every GPU (_shared_allocation's unplaced).
-        pods += [_Pod(r.key, node.name, r.requests, None, r.vram_bytes, True, r.gpu_fraction_milli)
-                 for r in self._reservations.on_node(node.name).values() if r.requests]
+        # Keyed by uid, apart from pod names: a pod recreated under a bound pod's name (a
+        # StatefulSet's web-0) is another pod, and no allocatedTo names a reserved one yet.
+        pods += [_Pod(f"reserved:{uid}", node.name, r.requests, None, r.vram_bytes, True, r.gpu_fraction_milli)
+                 for uid, r in self._reservations.on_node(node.name).items() if r.requests]
         if not pods:
             return NodeAllocation()
         if node.view is not None and node.view.sharing is not None:

@@ -98,9 +98,13 @@ class PendingGpuPods:
             self._pods.clear()
             fresh = [obj for obj in objs if self._set(obj, before)]
             self.pods_synced = True
+            left = before - set(self._pods)  # deleted or bound while the watch was down
         if self._on_new is not None:
             for obj in fresh:
                 self._on_new(obj)
+        if self._on_deleted is not None:
+            for key in left:
+                self._on_deleted(key)
 
     def waits(self, uid: str) -> bool | None:
         """Whether the pod with ``uid`` is unbound and requests GPUs; None until the first list."""

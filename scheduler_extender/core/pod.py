@@ -122,14 +122,17 @@ class Pod(_Shape):
         annotations = tuple(sorted((k, v) for k, v in self.annotations.items() if k not in ignored_annotations))
         containers, init = self.container_requests()
         spec = self.spec
-        pod_level = [spec.resources.merged() if spec.resources else {}, spec.overhead or {}]
+        # Pod-level requests and limits apart: a pod-level limit does not replace the containers'
+        # request as a pod-level request does (core.pod_requests).
+        pod_level = [(spec.resources.requests or {}) if spec.resources else {},
+                     (spec.resources.limits or {}) if spec.resources else {}, spec.overhead or {}]
         resources = tuple(tuple(tuple(sorted((k, str(v)) for k, v in c.items())) for c in group)
                           for group in (containers, init, pod_level))
         # Which init containers are sidecars changes the sum (pod_requests), so it is read too.
         sidecars = tuple(c.is_sidecar for c in spec.init_containers or ())
         pairs = [*annotations, *(kv for group in resources for c in group for kv in c)]
         size = len(self.namespace) + sum(len(k) + len(v) + 3 * KEY_ITEM_BYTES for k, v in pairs)
-        items = len(containers) + len(init) + len(sidecars) + 7
+        items = len(containers) + len(init) + len(sidecars) + 8
         return (self.namespace, annotations, resources, sidecars), size + KEY_ITEM_BYTES * items
 
 

@@ -83,7 +83,7 @@ def pod_requests(pod: Pod | Mapping[str, Any]) -> PodRequests:
     errors: list[FieldError] = []
     bad: set[str] = set()
     spec = pod.spec
-    total: dict[str, int] = {}
+    total: dict[str, Decimal] = {}
     for i, c in enumerate(spec.containers or ()):
         _add(total, _read(c.resources, f"spec.containers[{i}].resources", errors, bad))
     total = _with_init_containers(total, spec.init_containers or (), errors, bad)
@@ -92,15 +92,16 @@ def pod_requests(pod: Pod | Mapping[str, Any]) -> PodRequests:
     if spec.overhead:
         _add(total, _read(ResourceRequirements(requests=spec.overhead), "spec.overhead", errors, bad,
                           where_fixed="spec.overhead"))
-    gpu = {k: v for k, v in total.items() if is_gpu_resource(k) and v > 0 and k not in bad}
-    cpu, memory = (None if r in bad else total.get(r) for r in HOST_RESOURCES)
+    gpu = {k: int(v) for k, v in total.items() if is_gpu_resource(k) and v > 0 and k not in bad}
+    # Summed exactly, rounded up once, as Quantity.MilliValue() / Value() round the sum.
+    cpu, memory = (None if r in bad or r not in total else math.ceil(total[r]) for r in HOST_RESOURCES)
     return PodRequests(gpu=gpu, cpu_milli=cpu, memory_bytes=memory, errors=tuple(errors))
 
 
-def _with_init_containers(total: dict[str, int], init: Any, errors: list[FieldError], bad: set[str]) -> dict[str, int]:
+def _with_init_containers(total: dict[str, Decimal], init: Any, errors: list[FieldError], bad: set[str]) -> dict[str, Decimal]:
     """Steps 2 and 3 of the module docstring (``AggregateContainerRequests``' init loop)."""
-    sidecars: dict[str, int] = {}
-    init_max: dict[str, int] = {}
+    sidecars: dict[str, Decimal] = {}
+    init_max: dict[str, Decimal] = {}
     for i, c in enumerate(init):
         own = _read(c.resources, f"spec.initContainers[{i}].resources", errors, bad)
         if isinstance(c, Container) and c.is_sidecar:
@@ -117,8 +118,8 @@ def _with_init_containers(total: dict[str, int], init: Any, errors: list[FieldEr
     return total
 
 
-def _with_pod_level(total: dict[str, int], resources: ResourceRequirements, errors: list[FieldError],
-                    bad: set[str]) -> dict[str, int]:
+def _with_pod_level(total: dict[str, Decimal], resources: ResourceRequirements, errors: list[FieldError],
+                    bad: set[str]) -> dict[str, Decimal]:
     """Step 4: pod-level CPU and memory replace the containers' (``PodRequests``), the request
     defaulted as ``defaultPodRequests`` does (the containers' where they set one, else the limit)."""
     requests = {k: v for k, v in (resources.requests or {}).items() if k in HOST_RESOURCES}
@@ -133,12 +134,12 @@ def _with_pod_level(total: dict[str, int], resources: ResourceRequirements, erro
 
 
 def _read(resources: ResourceRequirements | None, where: str, errors: list[FieldError], bad: set[str],
-          where_fixed: str | None = None) -> dict[str, int]:
-    """The GPU, CPU and memory values of one ``resources`` (requests over limits), as integers
-    (devices, millicores, bytes); an unusable value is an error and marks its resource ``bad``."""
+          where_fixed: str | None = None) -> dict[str, Decimal]:
+    """The GPU, CPU and memory values of one ``resources`` (requests over limits), exact (devices,
+    millicores, bytes); an unusable value is an error and marks its resource ``bad``."""
     if resources is None:
         return {}
-    out: dict[str, int] = {}
+    out: dict[str, Decimal] = {}
     for name, value in resources.merged().items():
         gpu = is_gpu_resource(name)
         if not gpu and name not in _SCALE:
@@ -153,24 +154,24 @@ def _read(resources: ResourceRequirements | None, where: str, errors: list[Field
     return out
 
 
-def _value(name: str, value: Any, gpu: bool) -> tuple[str | None, int]:
-    """(None, integer value) or (what is wrong, 0)."""
+def _value(name: str, value: Any, gpu: bool) -> tuple[str | None, Decimal]:
+    """(None, value in devices, millicores or bytes, exact) or (what is wrong, 0)."""
     try:
         q = parse_quantity(value)
     except QuantityError:
         accepted = "a whole number of devices" if gpu else (
             "not a quantity; use e.g. 500m or 2" if name == "cpu" else "not a quantity; use e.g. 512Mi or 4Gi")
-        return ("not " + accepted if gpu else accepted), 0
+        return ("not " + accepted if gpu else accepted), Decimal(0)
     if q < 0:
-        return "a negative request; a request is at least 0", 0
+        return "a negative request; a request is at least 0", Decimal(0)
     if gpu:
         if q != q.to_integral_value():
-            return "not a whole number of devices", 0
-        return None, int(q)
-    return None, math.ceil(q * Decimal(_SCALE[name]))
+            return "not a whole number of devices", Decimal(0)
+        return None, q
+    return None, q * _SCALE[name]
 
 
-def _add(into: dict[str, int], values: Mapping[str, int]) -> None:
+def _add(into: dict[str, Decimal], values: Mapping[str, Decimal]) -> None:
     for k, v in values.items():
         into[k] = into.get(k, 0) + v
 

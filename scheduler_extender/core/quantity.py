@@ -20,7 +20,7 @@ _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
     "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
-    "m": Decimal("0.001"),
+    "n": Decimal("0.000000001"), "u": Decimal("0.000001"), "m": Decimal("0.001"),
     "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
     "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
 }
@@ -31,7 +31,7 @@ it (``1e999999``) a number is no request anyone meant, and unbounded it would co
 # ASCII digits only, as Kubernetes' grammar (Python's \d also matches "４０"); one way to read every
 # string, so matching is linear in its length: `\d+\.?\d*` could split a run of digits between its
 # two parts every way, and a failing 8,000-digit value took seconds.
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 
 
 class QuantityError(ValueError):
@@ -39,10 +39,11 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(text: str | int | float) -> Decimal:
-    """Parse a Kubernetes quantity (``40Gi``, ``500M``, ``100m``, ``1.5e3``, ``8``) to a Decimal.
+    """Parse a Kubernetes quantity (``40Gi``, ``500M``, ``100m``, ``250u``, ``1.5e3``, ``8``) to a Decimal.
 
     Raises:
-        QuantityError: not of the form <number><suffix>, suffix one of Ki Mi Gi Ti Pi Ei m k M G T P E;
+        QuantityError: not of the form <number><suffix>, suffix one of Ki Mi Gi Ti Pi Ei n u m k M G T P E
+            (``k8s.io/apimachinery/pkg/api/resource``'s suffixes);
             not a string or number; or larger in magnitude than ``MAX_QUANTITY``.
     """
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):

@@ -150,10 +150,12 @@ def share_taken(job: Job, state: NodeState, unit: Unit) -> int:
     """Thousandths of ``unit`` the pod takes: ``Job.gpu_milli`` (1000 for whole devices; a
     GPU-sharing pod's share in ``gpuplace simulate``), and on a node whose GPUs the device plugin
     shares (``NodeView.sharing``) the pod's VRAM need over the GPU's memory
-    (``sharing.share_milli``), as its holders' shares are counted there."""
+    (``sharing.share_milli``), as its holders' shares are counted there; a
+    ``gpuplace.io/gpu-fraction`` pod on a GPU that is not shared takes all of it."""
     view = state.view
     if view is None or view.sharing is None or job.req.resource != NVIDIA_GPU:
-        return job.gpu_milli
+        # A gpu-fraction pod on a GPU no device plugin shares gets the whole GPU.
+        return MILLI if job.req.gpu_fraction_milli is not None else job.gpu_milli
     return share_milli(job.vram_need_on(unit), unit.memory_bytes)
 
 
@@ -240,7 +242,7 @@ def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[st
 def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float], state: NodeState | None = None) -> float:
     """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
     for the share of each it takes (``share_taken`` on ``state``); in devices."""
-    if state is None or state.view is None or state.view.sharing is None:
+    if state is None or ((state.view is None or state.view.sharing is None) and job.req.gpu_fraction_milli is None):
         return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
     return sum(scarcity.get(model_key(u), 0.0) * share_taken(job, state, u) for u in chosen) / MILLI
 

@@ -453,14 +453,8 @@ class ExtenderService:
                 self._count_placement(job, only)
                 g = next(g for g, r in enumerate(results) if r.passed)
                 self._reserve(args.Pod, [n for n, k in zip(names, grouped.group_of) if k == g], job)
-        elif passing > 1 and not best_only and not job.errors:
-            # Two verbs: kube-scheduler's own scores choose among the passed nodes, so the pod is
-            # held on every passed node whose GPUs are shared, the one kind where kube-scheduler's
-            # count (replicas) cannot keep a GPU's VRAM from over-commit; released on binding.
-            shared = {g for g, (r, st) in enumerate(zip(results, grouped.states))
-                      if r.passed and not r.untouched and st.view is not None and st.view.sharing is not None}
-            if shared:
-                self._reserve(args.Pod, [n for n, g in zip(names, grouped.group_of) if g in shared], job)
+        # Two verbs and several nodes: the reservation is made by /prioritize, after scoring, so
+        # that neither verb counts the pod against itself (``_reserve_shared``).
         if requeue is not None:
             requeue.observe(job, args.Pod, names, results, passing, generation, serial)
         if not passing and results and not job.errors:
@@ -660,11 +654,36 @@ class ExtenderService:
             q.vram_fit.labels(job.size_class.name).observe(job.vram.bytes_per_gpu / granted_bytes)
 
     def prioritize_response(self, args: ExtenderArgs) -> bytes:
-        """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes."""
+        """``POST /prioritize``: the ``HostPriorityList`` as JSON bytes. kube-scheduler calls it
+        after ``/filter`` for a pod that passed several nodes; where the source keeps
+        reservations, the pod is then held on the passed nodes whose GPUs are shared
+        (``_reserve_shared``), decided one at a time with the filters."""
+        if self._reserve_in is None:
+            return self._prioritize_response(args)
+        with self._filter_lock:
+            self._expire_reservations()
+            body, job, grouped = self._prioritize_response(args, keep=True)
+            self._reserve_shared(args, job, grouped)
+            return body
+
+    def _reserve_shared(self, args: ExtenderArgs, job: Job, grouped: GroupedResults) -> None:
+        """Two verbs: kube-scheduler's own scores choose among the nodes ``/prioritize`` scores, so
+        the pod is held on every one of them that passes and whose GPUs are shared, the one kind
+        where kube-scheduler's count (replicas) cannot keep a GPU's VRAM from over-commit; its
+        binding frees the others."""
+        if job.errors:
+            return
+        shared = {g for g, (r, st) in enumerate(zip(grouped.results, grouped.states))
+                  if r.passed and not r.untouched and st.view is not None and st.view.sharing is not None}
+        if shared:
+            self._reserve(args.Pod, [n for n, g in zip(grouped.names, grouped.group_of) if g in shared], job)
+
+    def _prioritize_response(self, args: ExtenderArgs, keep: bool = False) -> Any:
         job, names, grouped = self._decide_grouped(args)
         if self._scores_without_devices(job):
             per_node = self._node_scores_without_devices(job, grouped)
-            return dumps([{"Host": n, "Score": sc.score if sc is not None else 0} for n, sc in zip(names, per_node)])
+            body = dumps([{"Host": n, "Score": sc.score if sc is not None else 0} for n, sc in zip(names, per_node)])
+            return (body, job, grouped) if keep else body
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         scores = scored.scores
@@ -673,8 +692,9 @@ class ExtenderService:
             self._count_placement(job, scored.results[scores.index(best)])
         by_class = [s.score if s is not None else 0 for s in scores]
         # The learned workload moves the fragmentation component: its version is part of the key.
-        return self._answer(("prioritize", workload.version), grouped,
+        body = self._answer(("prioritize", workload.version), grouped,
                             lambda: dumps([{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)]))
+        return (body, job, grouped) if keep else body
 
 
 def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None:

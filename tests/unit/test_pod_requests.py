@@ -187,3 +187,16 @@ def test_the_cluster_cache_counts_a_bound_pods_sidecar_gpu_and_its_overhead_cpu(
     st = c.state("n")
     assert st.allocation.anonymous == {"nvidia.com/gpu": 2}
     assert st.cpu_milli_free == 16000 - 1750
+
+
+def test_values_are_summed_exactly_and_rounded_up_once_as_kubernetes_rounds_the_sum():
+    # Two containers of 500 microcores: Kubernetes sums 1000u and rounds to 1m, not 1m + 1m.
+    r = pod_requests(_pod([_c("500u"), _c("500u")]))
+    assert r.cpu_milli == 1
+
+
+def test_the_content_key_tells_pod_level_requests_from_pod_level_limits():
+    p = _pod([_c("500m")], pod_level={"requests": {"cpu": "2"}})
+    q = _pod([_c("500m")], pod_level={"limits": {"cpu": "2"}})
+    assert (pod_requests(p).cpu_milli, pod_requests(q).cpu_milli) == (2000, 500)
+    assert as_pod(p).content_key()[0] != as_pod(q).content_key()[0]

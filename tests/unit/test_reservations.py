@@ -215,6 +215,9 @@ def test_a_burst_of_sharing_pods_never_over_commits_a_gpus_vram(best_only):
         p = inference(f"burst-{i}")
         answer = ask(s, p, names[i % 6:] + names[:i % 6])  # it rotates the list's start
         passed = answer["NodeNames"]
+        if len(passed) > 1:  # two verbs: kube-scheduler then asks for scores and takes the best
+            scores = s.prioritize(parse_extender_args(json.dumps({"Pod": p, "NodeNames": passed}).encode()))
+            passed = [max(scores, key=lambda h: h["Score"])["Host"]]
         if passed:
             placed[passed[0]].append(p["metadata"]["name"])  # kube-scheduler binds one of them
         else:
@@ -259,3 +262,46 @@ def test_reservation_metrics_count_what_is_held_and_how_each_ended():
     assert registry.get_sample_value("gpuplace_extender_reservations_made_total") == 1
     assert registry.get_sample_value("gpuplace_extender_reservations_ended_total", {"outcome": "confirmed"}) == 1
     assert registry.get_sample_value("gpuplace_extender_reservations_ended_total", {"outcome": "expired"}) == 0
+
+
+def test_prioritize_does_not_count_the_pod_against_itself_in_filter_and_prioritize_mode():
+    # ts0 holds two 7 GiB pods: a third fits it exactly and packing prefers it.
+    nodes = [node_obj(f"ts{i}", [gpu(0, **RTX_4090)], replicas=4) for i in range(2)]
+    c = cluster(*nodes)
+    c.replace_pods([bound(inference(f"held-{i}"), "ts0") for i in range(2)])
+    s = service(c, False)
+    p = inference("third")
+    assert ask(s, p, ["ts0", "ts1"])["NodeNames"] == ["ts0", "ts1"]
+    scores = {h["Host"]: h["Score"] for h in s.prioritize(parse_extender_args(json.dumps(
+        {"Pod": p, "NodeNames": ["ts0", "ts1"]}).encode()))}
+    assert scores["ts0"] > scores["ts1"] > 0
+    assert set(c.snapshot()["nodes"]["ts0"]["reserved"]) == {"default/third"}  # held once scored
+
+
+def test_only_the_clusters_nodes_hold_reservations():
+    c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
+    p = as_pod(pod({}, gpus=1, name="p"))
+    assert not c.reserve(p, ["made-up-0", "made-up-1"])
+    assert c.reserve(p, ["n8", "made-up-0"]) and c.reservation_counts()[0] == 1
+    assert "made-up-0" not in c.snapshot()["nodes"]
+
+
+def test_a_reserved_pod_under_a_bound_pods_name_is_counted_apart():
+    c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
+    old = pod({}, gpus=4, name="web-0")
+    c.replace_pods([bound(old, "n8")])
+    new = pod({}, gpus=4, name="web-0")
+    new["metadata"]["uid"] = "uid-of-the-new-web-0"
+    c.reserve(as_pod(new), ["n8"])
+    assert c.state("n8").allocation.anonymous == {"nvidia.com/gpu": 8}
+
+
+def test_pods_gone_while_the_pending_watch_was_down_release_their_reservations_after_a_relist():
+    c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
+    p = pod({}, gpus=8, name="big")
+    c.reserve(as_pod(p), ["n8"], now=100.0)
+    pending = PendingGpuPods(on_deleted=lambda uid: c.pod_gone(uid, now=100.0))
+    pending.replace_pods([p])
+    pending.replace_pods([])  # relisted after a broken watch: the pod is gone
+    c.expire_reservations(now=105.0)
+    assert c.state("n8").allocation.anonymous == {}

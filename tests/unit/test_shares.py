@@ -91,7 +91,10 @@ def test_a_pod_on_a_shared_gpu_takes_its_need_over_the_gpus_memory_and_elsewhere
     assert share_taken(ENGINE.job(inference("a", **{"gpuplace.io/vram": "7Gi"})), st, unit) == 292
     assert share_taken(ENGINE.job(inference("b", **{"gpuplace.io/gpu-fraction": "0.5"})), st, unit) == 500
     whole = ENGINE.job(inference("c", **{"gpuplace.io/vram": "7Gi"}))
-    assert share_taken(whole, _whole_gpu_state(), _whole_gpu_state().view.units("nvidia.com/gpu")[0]) == MILLI
+    w = _whole_gpu_state()
+    assert share_taken(whole, w, w.view.units("nvidia.com/gpu")[0]) == MILLI
+    tenth = ENGINE.job(inference("d", **{"gpuplace.io/gpu-fraction": "0.1"}))
+    assert share_taken(tenth, w, w.view.units("nvidia.com/gpu")[0]) == MILLI  # a GPU nobody shares: all of it
 
 
 def _whole_gpu_state():
