@@ -9,6 +9,8 @@ so the extender holds each pod it sent to a node in its books until the binding 
   were given four pods in such bursts.
 - 40 one-GPU pods at once against 4 nodes of 8 whole A100s: 32 bound, each node's extender books
   show no GPU held twice.
+- 45 sharing pods against 10 more such GPUs, the replica serving the scheduler killed (SIGKILL)
+  after about ten bindings: 30 bound, three per GPU, the rest Pending with the VRAM reason.
 
 Both in the chart's one round trip (``--filter-returns-best``) and with filter + prioritize.
 """
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.e2e
 
 SHARED_NODES, SHARED_PODS = 20, 100
 WHOLE_NODES, WHOLE_PODS = 4, 40
+FAILOVER_NODES, FAILOVER_PODS = 10, 45
 RTX_4090 = {"name": "NVIDIA GeForce RTX 4090", "memoryMiB": 24564, "computeCapability": "8.9", "eccEnabled": False}
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "computeCapability": "8.0", "eccEnabled": True}
 
@@ -73,21 +76,25 @@ def burst_cluster(request, control_plane, api):
     tag = "burst1" if best_only else "burst2"
     scheduler = f"gpuplace-{tag}"
     shared = [f"{tag}-ts-{i}" for i in range(SHARED_NODES)]
+    failover = [f"{tag}-fo-{i}" for i in range(FAILOVER_NODES)]
     whole = [f"{tag}-a100-{i}" for i in range(WHOLE_NODES)]
-    for n in shared:
-        create_node(api, n, {"nvidia.com/gpu": "4"}, labels={
-            "gpuplace-e2e/pool": f"{tag}-shared", "nvidia.com/gpu.sharing-strategy": "time-slicing",
-            "nvidia.com/gpu.replicas": "4"})
-        publish_inventory_direct(api, n, inventory(n, RTX_4090, 1))
+    for pool, nodes in (("shared", shared), ("failover", failover)):
+        for n in nodes:
+            create_node(api, n, {"nvidia.com/gpu": "4"}, labels={
+                "gpuplace-e2e/pool": f"{tag}-{pool}", "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                "nvidia.com/gpu.replicas": "4"})
+            publish_inventory_direct(api, n, inventory(n, RTX_4090, 1))
     for n in whole:
         create_node(api, n, {"nvidia.com/gpu": "8"}, labels={"gpuplace-e2e/pool": f"{tag}-whole"})
         publish_inventory_direct(api, n, inventory(n, A100, 8))
     args = ["--filter-returns-best"] if best_only else []
     replicas = [start_extender(control_plane.kubeconfig_path, control_plane.logs, extra_args=args) for _ in range(2)]
-    service = TCPProxy([("127.0.0.1", r.port) for r in replicas], session_affinity=True).start()
+    service = TCPProxy([("127.0.0.1", r.port) for r in replicas], session_affinity=True,
+                       ready_checks=[_ready(r) for r in replicas]).start()
     control_plane.add_scheduler(SchedulerSpec(name=scheduler, extender=ExtenderSpec(
         url_prefix=f"http://127.0.0.1:{service.port}", prioritize_verb=None if best_only else "prioritize")))
-    yield {"scheduler": scheduler, "tag": tag, "shared": shared, "whole": whole, "replicas": replicas}
+    yield {"scheduler": scheduler, "tag": tag, "shared": shared, "whole": whole, "replicas": replicas,
+           "service": service}
     control_plane.stop_scheduler(scheduler)
     service.stop()
     for r in replicas:
@@ -96,8 +103,17 @@ def burst_cluster(request, control_plane, api):
     for p in core.list_namespaced_pod("default").items:
         if p.spec.scheduler_name == scheduler:
             core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
-    for n in shared + whole:
+    for n in shared + failover + whole:
         core.delete_node(n)
+
+
+def _ready(replica):
+    def check() -> bool:
+        try:
+            return replica.proc.poll() is None and replica.get("/readyz")[0] == 200
+        except OSError:
+            return False
+    return check
 
 
 def test_a_burst_of_sharing_pods_never_over_commits_a_time_sliced_gpu(api, burst_cluster):
@@ -132,3 +148,39 @@ def test_a_burst_of_whole_gpu_pods_binds_each_gpu_once(api, burst_cluster):
         for n in c["whole"]:
             gpus = books[n]["resources"]["nvidia.com/gpu"]
             assert gpus["held"] <= gpus["allocatable"] == 8, (n, gpus)
+
+
+def test_the_replica_serving_the_scheduler_killed_mid_burst_loses_no_pod_and_over_commits_nothing(api, burst_cluster):
+    """The replica kube-scheduler talks to (session affinity) is killed while a burst of sharing
+    pods is being placed; the Service sends the scheduler to the other replica, whose books lack
+    only the bindings still in flight. Every pod ends bound within the VRAM budget or Pending with
+    the VRAM reason; how long placement stalled is printed."""
+    c = burst_cluster
+    core = k8s.CoreV1Api(api)
+    names = [f"{c['tag']}-fo-pod-{i}" for i in range(FAILOVER_PODS)]
+    create_pods(api, [gpu_pod(n, c["scheduler"], f"{c['tag']}-failover",
+                              {"gpuplace.io/vram": "7Gi", "gpuplace.io/workload": "inference"}) for n in names])
+
+    def bound_count() -> int:
+        return sum(1 for p in core.list_namespaced_pod("default").items
+                   if p.metadata.name in set(names) and p.spec.node_name)
+
+    deadline = time.monotonic() + 60
+    while bound_count() < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sticky = next(r for r in c["replicas"] if c["service"]._sticky is not None and r.port == c["service"]._sticky.port)
+    killed_at, before = time.monotonic(), bound_count()
+    sticky.proc.kill()
+    sticky.proc.wait()
+    while bound_count() == before and time.monotonic() - killed_at < 60:
+        time.sleep(0.05)
+    stalled = time.monotonic() - killed_at
+    placed = settle(api, names)
+    per_gpu = Counter(v for v in placed.values() if v)
+    print(f"\n{c['tag']}: replica killed after {before} bindings; the next binding {stalled:.1f} s later; "
+          f"{sum(per_gpu.values())} of {FAILOVER_PODS} bound, pods per GPU: {sorted(Counter(per_gpu.values()).items())}")
+    assert max(per_gpu.values()) <= 3, per_gpu  # nothing over-committed across the failover
+    assert sum(per_gpu.values()) == 3 * FAILOVER_NODES
+    for n in [n for n, v in placed.items() if not v]:  # nothing lost: each waits with the reason
+        conds = core.read_namespaced_pod(n, "default").status.conditions or []
+        assert "VRAM left" in (next((x.message for x in conds if x.type == "PodScheduled"), "") or ""), n
