@@ -18,7 +18,6 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY scheduler_extender scheduler_extender
 COPY node_agent node_agent
-COPY simulator simulator
 RUN python3 -m pip wheel --no-cache-dir --no-deps -w /wheels . \
  && python3 -m pip download --no-cache-dir --only-binary=:all: --dest /wheels \
       "$(ls /wheels/gpuplace-*.whl)[podresources]" \

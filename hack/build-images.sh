@@ -231,7 +231,7 @@ ensure_base() {
 # ---------------------------------------------------------------------------------------------
 
 # The files the wheel is built from; the Dockerfile copies the same ones.
-WHEEL_SOURCES=(pyproject.toml README.md LICENSE scheduler_extender node_agent simulator)
+WHEEL_SOURCES=(pyproject.toml README.md LICENSE scheduler_extender node_agent)
 
 # The wheel the test suite installs and tests (tests/harness/artifacts.py: from a clean copy of the
 # files the wheel is built from, cached by their content under $CACHE/wheels).

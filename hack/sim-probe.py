@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler_extender.core.engine import Engine  # noqa: E402
 from scheduler_extender.core.policy import load_policy  # noqa: E402
 from scheduler_extender.core.workload import DemandShape, profile_of  # noqa: E402
-from simulator.baselines import GpuplacePolicy, _pick, kube_scores  # noqa: E402
-from simulator.cluster import Cluster  # noqa: E402
-from simulator.fgd import FgdPolicy, typical_pods  # noqa: E402
-from simulator.model import simulation_catalog  # noqa: E402
-from simulator.run import fgd_arrivals, run_fill  # noqa: E402
-from simulator.traces import load_fleet, openb_pods  # noqa: E402
+from scheduler_extender.simulator.baselines import GpuplacePolicy, _pick, kube_scores  # noqa: E402
+from scheduler_extender.simulator.cluster import Cluster  # noqa: E402
+from scheduler_extender.simulator.fgd import FgdPolicy, typical_pods  # noqa: E402
+from scheduler_extender.simulator.model import simulation_catalog  # noqa: E402
+from scheduler_extender.simulator.run import fgd_arrivals, run_fill  # noqa: E402
+from scheduler_extender.simulator.traces import load_fleet, openb_pods  # noqa: E402
 
 
 def main() -> int:

@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     cat.add_argument("--sources", action="store_true",
                      help="under each row: driver names, precisions, MIG profiles and the sources of its figures")
     cat.set_defaults(fn=cmd_catalog)
-    from simulator.cli import add_parser as add_simulate_parser
+    from scheduler_extender.simulator.cli import add_parser as add_simulate_parser
     add_simulate_parser(sub)
     return p
 

@@ -8,7 +8,7 @@ NodeResourcesBalancedAllocation (100 x (1 - the standard deviation of the used f
 CPU and memory after placing the pod, each at weight 1. A pod none of whose containers names CPU
 (or memory) is scored as if it asked 100 millicores (200 MB) (``schedutil.DefaultMilliCPURequest``,
 ``DefaultMemoryRequest``, kube-scheduler's ``NonMissingContainerRequests``). ``gpuplace simulate``
-places with the same formula over its arrays (``simulator.baselines.kube_scores``; a test holds
+places with the same formula over its arrays (``scheduler_extender.simulator.baselines.kube_scores``; a test holds
 the two equal). It is kube-scheduler's up to two details: kube-scheduler applies the defaults per
 container and counts the node's pods by their non-zero requests (``NonZeroRequested``), where this
 takes the pod's summed request and the node's free amounts as the extender counts them.

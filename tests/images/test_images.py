@@ -181,7 +181,7 @@ def test_console_scripts_are_the_wheels_entry_points(gpuplace_image: Unpacked) -
 
 def test_image_holds_every_module_of_the_source_tree(gpuplace_image: Unpacked) -> None:
     site = gpuplace_image.rootfs / SITE.lstrip("/")
-    for root in ("scheduler_extender", "node_agent", "simulator"):
+    for root in ("scheduler_extender", "node_agent"):
         for src in (REPO_ROOT / root).rglob("*"):
             if "__pycache__" in src.parts or src.is_dir() or src.suffix == ".pyc":
                 continue

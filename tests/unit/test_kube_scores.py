@@ -8,10 +8,10 @@ import json
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.policy import default_policy
-from simulator.baselines import kube_scores
-from simulator.cluster import Cluster
-from simulator.model import simulation_catalog
-from simulator.traces import openb_nodes, openb_pods
+from scheduler_extender.simulator.baselines import kube_scores
+from scheduler_extender.simulator.cluster import Cluster
+from scheduler_extender.simulator.model import simulation_catalog
+from scheduler_extender.simulator.traces import openb_nodes, openb_pods
 from tests.factories import ROOT
 
 SIM = ROOT / "tests" / "fixtures" / "sim"

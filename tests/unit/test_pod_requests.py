@@ -159,8 +159,8 @@ def test_the_content_key_tells_a_sidecar_from_a_regular_init_container():
 def test_the_simulators_pods_ask_what_the_one_definition_counts():
     # gpuplace simulate accounts each pod by its trace fields and the engine reads its manifest:
     # both must be the same requests, by the arithmetic above.
-    from simulator.model import simulation_catalog
-    from simulator.traces import openb_pods
+    from scheduler_extender.simulator.model import simulation_catalog
+    from scheduler_extender.simulator.traces import openb_pods
     from tests.factories import ROOT
     pods, _ = openb_pods(ROOT / "tests/fixtures/sim/openb_pod_list_gpuspec33.csv", simulation_catalog(), cpu_only=True)
     assert pods

@@ -12,15 +12,15 @@ import pytest
 
 from scheduler_extender.fast.grouped import GroupedEngine
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
-from simulator import report
-from simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
-from simulator.cluster import Cluster
-from simulator.fgd import FgdPolicy, TypicalPod, typical_pods
-from simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
-from simulator.run import (allocation_curve, fgd_arrivals, replay_time_scale, run_fill, run_replay, simulate,
+from scheduler_extender.simulator import report
+from scheduler_extender.simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies
+from scheduler_extender.simulator.cluster import Cluster
+from scheduler_extender.simulator.fgd import FgdPolicy, TypicalPod, typical_pods
+from scheduler_extender.simulator.model import SimPod, make_inventory, simulation_catalog, SimNode
+from scheduler_extender.simulator.run import (allocation_curve, fgd_arrivals, replay_time_scale, run_fill, run_replay, simulate,
                            stranded_causes)
-from simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
-from simulator.workload import LLM_MIX, llm_pods, mixed_fleet
+from scheduler_extender.simulator.traces import TraceError, load_fleet, openb_nodes, openb_pods, spot_nodes, yaml_pods
+from scheduler_extender.simulator.workload import LLM_MIX, llm_pods, mixed_fleet
 from tests.factories import EXAMPLES, ROOT
 
 FIX = ROOT / "tests" / "fixtures" / "sim"

@@ -67,9 +67,9 @@ import numpy as np
 from scheduler_extender.core.devices import Unit
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.job import Job
-from simulator.baselines import PlacementPolicy
-from simulator.cluster import Cluster
-from simulator.model import SimNode, SimPod
+from scheduler_extender.simulator.baselines import PlacementPolicy
+from scheduler_extender.simulator.cluster import Cluster
+from scheduler_extender.simulator.model import SimNode, SimPod
 
 Progress = Callable[[int], None]
 

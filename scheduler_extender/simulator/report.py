@@ -17,7 +17,7 @@ JSON shape (``to_json``)::
 
 ``LOAD`` keys are the load levels as given on the command line (``"1.0"``, ``"1.3"``). A metric
 that is unknown for every seed (``oom_risk`` on a trace without VRAM needs) is ``null``. Metrics
-are defined in ``simulator.run``.
+are defined in ``scheduler_extender.simulator.run``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from simulator.run import STRANDED_CAUSES, RunResult, Snapshot
+from scheduler_extender.simulator.run import STRANDED_CAUSES, RunResult, Snapshot
 
 METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk",
            "premium_gpu_hours_wasted", "premium_gpu_hours_fit_cheaper", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",

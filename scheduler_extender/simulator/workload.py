@@ -29,7 +29,7 @@ from typing import Iterator
 
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.requirements import A_PARAMS, A_PRECISION, A_SHARDING, A_WORKLOAD, parse_params
-from simulator.model import SimNode, SimPod, make_inventory
+from scheduler_extender.simulator.model import SimNode, SimPod, make_inventory
 
 # workload -> (share, median hours, [(params text, probability, gpus, sharding)], [(precision, p)])
 LLM_MIX: dict[str, tuple[float, float, list[tuple[str, float, int, str | None]], list[tuple[str, float]]]] = {

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from node_agent.inventory import InventoryError, format_validation_error, parse_inventory
 from scheduler_extender.core.catalog import Catalog, UnknownModelError
-from simulator.model import SimNode, SimPod, make_inventory, models_annotation, resolve_model
+from scheduler_extender.simulator.model import SimNode, SimPod, make_inventory, models_annotation, resolve_model
 
 OPENB_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 OPENB_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -144,7 +144,7 @@ def inventory_dir_nodes(directory: str | Path) -> list[SimNode]:
 
 def load_fleet(spec: str, catalog: Catalog) -> list[SimNode]:
     """A fleet from a CSV node list (openb or spot), a directory of inventories, or ``mixed``."""
-    from simulator.workload import mixed_fleet
+    from scheduler_extender.simulator.workload import mixed_fleet
     if spec == "mixed":
         return mixed_fleet(catalog)
     p = Path(spec)

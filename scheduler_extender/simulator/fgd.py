@@ -56,8 +56,8 @@ from typing import Sequence
 
 import numpy as np
 
-from simulator.cluster import MILLI, Cluster
-from simulator.model import SimPod
+from scheduler_extender.simulator.cluster import MILLI, Cluster
+from scheduler_extender.simulator.model import SimPod
 
 POPULARITY = 0.95
 """Typical pods: the most frequent specs until they make up this share of the pods."""

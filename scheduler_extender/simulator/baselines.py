@@ -32,7 +32,7 @@ random, as kube-scheduler's ``selectHost`` does.
   "Resource Bin Packing" configuration of the Kubernetes docs), plus BalancedAllocation.
 - ``static``: the hand-written nodeSelector a platform team maintains, model size -> GPU types
   (``STATIC_MAP``), on top of ``spread`` scoring; pods of unknown size get no selector.
-- ``fgd``: FGD's fragmentation gradient descent over the target workload (``simulator.fgd``),
+- ``fgd``: FGD's fragmentation gradient descent over the target workload (``scheduler_extender.simulator.fgd``),
   FGD's own choice of GPU for a sharing pod.
 
 Every policy places under the share model of ``cluster.Cluster``: whole-GPU pods need wholly free
@@ -58,8 +58,8 @@ from scheduler_extender.fast.grouped import GroupedResults, as_grouped
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
-from simulator.cluster import MILLI, Cluster
-from simulator.model import SimPod
+from scheduler_extender.simulator.cluster import MILLI, Cluster
+from scheduler_extender.simulator.model import SimPod
 
 Choice = tuple[int, tuple[Unit, ...]]
 
@@ -316,7 +316,7 @@ class KubeBaseline:
 
 
 def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
-    from simulator.model import resolve_model
+    from scheduler_extender.simulator.model import resolve_model
     try:
         return catalog.resolve_token(token)
     except ValueError:
@@ -326,8 +326,8 @@ def _resolve(token: str, catalog: Catalog) -> frozenset[str]:
 def make_policies(engine: Engine, baselines: list[str], target: Sequence[SimPod] | None = None
                   ) -> list[PlacementPolicy]:
     """gpuplace first, then the named baselines; ``fgd`` needs ``target``, the workload whose
-    typical pods it measures fragmentation against (``simulator.fgd``)."""
-    from simulator.fgd import FgdPolicy
+    typical pods it measures fragmentation against (``scheduler_extender.simulator.fgd``)."""
+    from scheduler_extender.simulator.fgd import FgdPolicy
     out: list[PlacementPolicy] = [GpuplacePolicy(engine)]
     for b in baselines:
         if b == "fgd":

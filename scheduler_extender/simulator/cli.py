@@ -91,7 +91,7 @@ def _loads(text: str) -> list[float]:
 
 
 def _baselines(text: str) -> list[str]:
-    from simulator.baselines import BASELINES
+    from scheduler_extender.simulator.baselines import BASELINES
     if text == "all":
         return list(BASELINES)
     if text in ("none", ""):
@@ -111,14 +111,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     from scheduler_extender.core.engine import Engine
     from scheduler_extender.core.policy import PolicyError, load_policy
-    from simulator import report
-    from simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
-    from simulator.cluster import Cluster
-    from simulator.fgd import FgdPolicy
-    from simulator.model import simulation_catalog
-    from simulator.run import fgd_arrivals, simulate
-    from simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
-    from simulator.workload import llm_pods, rate_for_load
+    from scheduler_extender.simulator import report
+    from scheduler_extender.simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
+    from scheduler_extender.simulator.cluster import Cluster
+    from scheduler_extender.simulator.fgd import FgdPolicy
+    from scheduler_extender.simulator.model import simulation_catalog
+    from scheduler_extender.simulator.run import fgd_arrivals, simulate
+    from scheduler_extender.simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
+    from scheduler_extender.simulator.workload import llm_pods, rate_for_load
 
     try:
         loads = _loads(args.load)

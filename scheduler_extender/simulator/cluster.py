@@ -34,7 +34,7 @@ from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView,
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import NVIDIA_GPU
-from simulator.model import SimNode, SimPod
+from scheduler_extender.simulator.model import SimNode, SimPod
 
 MILLI = 1000
 """Thousandths of a GPU in one unit (FGD's ``gpushareutils.MILLI``)."""
