@@ -201,7 +201,7 @@ def test_image_holds_every_module_of_the_source_tree(gpuplace_image: Unpacked) -
 
 POD = REPO_ROOT / "examples" / "pods" / "03-llm-13b-inference.yaml"
 CLUSTER = REPO_ROOT / "examples" / "cluster"
-IMPORTS = "import scheduler_extender.core, node_agent.podresources, simulator, grpc"
+IMPORTS = "import scheduler_extender.core, node_agent.podresources, scheduler_extender.simulator, grpc"
 
 VERSION = PYPROJECT["project"]["version"]
 
