@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import orjson
 from kubernetes import client
@@ -29,8 +29,17 @@ from scheduler_extender.cluster.watch import ResourceWatcher
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import Policy, PolicyError, parse_policy
 
-if TYPE_CHECKING:  # the service passes its metrics in; the cluster side never imports it at run time
-    from scheduler_extender.service.metrics import ExtenderMetrics
+
+
+class _PolicyReloads(Protocol):
+    def record(self, result: str) -> None: ...
+
+
+class PolicyMetrics(Protocol):
+    """The metrics the watcher records (``service.metrics.ExtenderMetrics`` implements it): the
+    service passes them in; the cluster side never imports the service, not even for type checking."""
+
+    policy: _PolicyReloads
 
 log = logging.getLogger("gpuplace.extender.policy")
 
@@ -64,7 +73,7 @@ class PolicyConfigMapWatcher:
     """
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str, key: str,
-                 metrics: ExtenderMetrics, catalog: Any = None) -> None:
+                 metrics: PolicyMetrics, catalog: Any = None) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.name, self.key = namespace, name, key
         self.metrics, self._catalog = metrics, catalog

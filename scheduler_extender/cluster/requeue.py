@@ -38,16 +38,42 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Container, Sequence
+from typing import Any, Callable, Container, Protocol, Sequence
 
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.filter import NodeResult
+from scheduler_extender.core.job import Job
 from scheduler_extender.core.pod import Pod
 from scheduler_extender.fast.grouped import decision_job
 
-if TYPE_CHECKING:
-    from scheduler_extender.core.filter import NodeResult
-    from scheduler_extender.core.job import Job
-    from scheduler_extender.service.metrics import RequeueMetrics
-    from scheduler_extender.service.server import ExtenderService
+
+class RequeueService(Protocol):
+    """What the requeue reads of the service that answers the verbs (``service.server
+    .ExtenderService`` implements it): the state source with its change log, the engine in force,
+    and the same resolved pods and filter the verbs use. The cluster side never imports the
+    service, not even for type checking."""
+
+    source: Any
+    engine: Any
+
+    def job_for(self, engine: Engine, pod: Any) -> Job: ...
+
+    def passing_nodes(self, engine: Engine, job: Job, names: list[str]) -> list[str]: ...
+
+
+class _Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class _Counter(Protocol):
+    def labels(self, *values: str) -> Any: ...
+
+
+class RequeueMetricsLike(Protocol):
+    """The metrics the requeue records (``service.metrics.RequeueMetrics`` implements it)."""
+
+    remembered: _Gauge
+    requeued: _Counter
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +137,8 @@ class Requeuer:
     :data:`PENDING_GRACE_SECONDS`.
     """
 
-    def __init__(self, service: ExtenderService, patch: Callable[[str, str, str], str],
-                 pending: Callable[[str], bool | None] | None = None, metrics: RequeueMetrics | None = None, *,
+    def __init__(self, service: RequeueService, patch: Callable[[str, str, str], str],
+                 pending: Callable[[str], bool | None] | None = None, metrics: RequeueMetricsLike | None = None, *,
                  clock: Callable[[], float] = time.monotonic, max_pods: int = MAX_PODS,
                  max_age_seconds: float = MAX_AGE_SECONDS) -> None:
         self._service, self._patch, self._pending, self._metrics = service, patch, pending, metrics
