@@ -33,11 +33,13 @@ from scheduler_extender.core.allocatable import allocatable_contradiction, gpu_a
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
+from scheduler_extender.core.job import Job
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import cut
 from scheduler_extender.core.pod_requests import NVIDIA_GPU, PodRequests, pod_requests
 from scheduler_extender.cluster.reservations import DEFAULT_TTL_SECONDS, Reservations
-from scheduler_extender.core.sharing import SharingLabels, node_gpu_sharing, shareable_gpus, shared_free_milli, sharing_labels
+from scheduler_extender.core.sharing import (SharingLabels, fraction_bytes, node_gpu_sharing, shareable_gpus,
+                                             shared_free_milli, sharing_labels)
 
 log = logging.getLogger(__name__)
 
@@ -363,24 +365,24 @@ class ClusterCache:
         for name in names:
             self._invalidate(name)
 
-    def reserve(self, pod: Pod, nodes: Iterable[str], vram_bytes: int | None = None, now: float | None = None,
-                gpu_fraction_milli: int | None = None) -> bool:
+    def reserve(self, pod: Pod, nodes: Iterable[str], job: Job, now: float | None = None) -> bool:
         """Hold ``pod`` on ``nodes`` as if bound there until the watch shows its binding, it goes
-        away, or the reservation expires; every node state read after this counts it.
-        ``vram_bytes``: its VRAM need per GPU (None: unknown, counted as the whole GPU where GPUs
-        are shared); ``gpu_fraction_milli``: its ``gpuplace.io/gpu-fraction``, which sets the need
-        on each GPU instead. False (nothing held) for a pod without uid, one already bound, or one that
-        asks for nothing."""
+        away, or the reservation expires; every node state read after this counts it. What it
+        takes is read from ``job``, the pod as the answer decided it: devices, CPU and memory
+        (``core.pod_requests``), the VRAM need per GPU (None: unknown, counted as the whole GPU
+        where GPUs are shared) or its ``gpuplace.io/gpu-fraction``. False (nothing held) for a pod
+        without uid, one already bound, one whose job has errors, or one that asks for nothing."""
         uid = pod.uid
-        if uid is None or len(uid) > MAX_UID_CHARS:
+        if uid is None or len(uid) > MAX_UID_CHARS or job.errors:
             return False
-        asked = pod_requests(pod)
-        if not asked.gpu and not asked.cpu_milli and not asked.memory_bytes:
+        req = job.req
+        if not req.wants_gpu and not job.cpu_milli and not job.memory_bytes:
             return False
-        if any(len(r) > MAX_UID_CHARS for r in asked.gpu):
-            return False  # no device plugin advertises such a name: a made-up request holds nothing
-        entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), dict(asked.gpu), vram_bytes,
-                          asked.cpu_milli, asked.memory_bytes, gpu_fraction_milli)
+        # The resource is one the filter accepted (a MIG name of its form): no made-up name is held.
+        devices = {req.resource: req.gpu_count} if req.wants_gpu and req.resource else {}
+        entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), devices,
+                          job.vram.bytes_per_gpu if job.vram is not None else None,
+                          job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
         with self._lock:
             if uid in self._pods or uid in self._host_pods:
                 return False  # the watch shows it bound already: it counts as such
@@ -574,7 +576,7 @@ def _shared_allocation(view: NodeView, pods: list[_Pod], pod_vram: PodVram | Non
     def need(p: _Pod, memory_bytes: int) -> int | None:
         if p.reserved:
             if p.reserved_fraction is not None:
-                return -(-memory_bytes * p.reserved_fraction // 1000)
+                return fraction_bytes(memory_bytes, p.reserved_fraction)
             return p.reserved_vram
         key = (p.key, memory_bytes)
         if key not in needs:

@@ -156,17 +156,6 @@ class Reservations(Generic[E]):
         """uid -> entry of the pods reserved on ``node`` (a copy)."""
         return dict(self._by_node.get(node, {}))
 
-    def holds(self, uid: str) -> Reservation[E] | None:
-        return self._by_uid.get(uid)
-
-    def clear(self) -> set[str]:
-        """Forget every reservation (their pods are counted again by what the watch shows)."""
-        changed = set(self._by_node)
-        self._by_uid.clear()
-        self._by_node.clear()
-        self._expiry.clear()
-        return changed
-
     def _end(self, uid: str, outcome: str) -> set[str]:
         r = self._by_uid.pop(uid, None)
         if r is None:

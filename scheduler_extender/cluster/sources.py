@@ -242,10 +242,9 @@ class ClusterSource:
             out.append(st if st is not None else self._fallback.state(name, objs.get(name)))
         return out
 
-    def reserve(self, pod: Any, nodes: Sequence[str], vram_bytes: int | None = None,
-                gpu_fraction_milli: int | None = None) -> bool:
+    def reserve(self, pod: Any, nodes: Sequence[str], job: Any) -> bool:
         """Hold ``pod`` on ``nodes`` until its binding shows (``ClusterCache.reserve``)."""
-        return self.cache.reserve(pod, nodes, vram_bytes, gpu_fraction_milli=gpu_fraction_milli)
+        return self.cache.reserve(pod, nodes, job)
 
     def expire_reservations(self, retried_uid: str | None = None) -> None:
         """End the reservations whose time is up, and the last one of the pod asked about again."""

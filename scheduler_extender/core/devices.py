@@ -22,11 +22,9 @@ from node_agent.inventory import GPU, NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import AMD_GPU, NVIDIA_GPU, mig_resource_name
-from scheduler_extender.core.sharing import GpuSharing, shared_free_milli
+from scheduler_extender.core.sharing import MILLI, GpuSharing, shared_free_milli  # noqa: F401 - MILLI: re-exported
 
 
-MILLI = 1000
-"""Thousandths of a unit in one unit: the measure of a GPU-sharing pod's share (FGD's ``MILLI``)."""
 
 
 @dataclass(frozen=True, slots=True)

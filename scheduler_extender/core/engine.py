@@ -69,10 +69,7 @@ class Engine:
         """The pod's VRAM need per GPU in bytes under this engine's policy (its estimate or
         ``gpuplace.io/vram``; ``gpuplace.io/gpu-fraction`` of ``memory_bytes``, the memory of the
         GPU it shares); None when unknown. The cache counts pods sharing a GPU by it."""
-        job = self.job(pod)
-        if job.req.gpu_fraction_milli is not None:
-            return None if memory_bytes is None else -(-memory_bytes * job.req.gpu_fraction_milli // 1000)
-        return job.vram.bytes_per_gpu if job.vram is not None else None
+        return self.job(pod).vram_need(memory_bytes)
 
     def filter(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None) -> list[NodeResult]:
         return [filter_node(job, s, self.policy, now) for s in states]

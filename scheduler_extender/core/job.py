@@ -11,6 +11,7 @@ from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod
+from scheduler_extender.core.sharing import fraction_bytes
 from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
 
 
@@ -51,10 +52,15 @@ class Job:
     instead (``score.share_taken``)."""
 
     def vram_need_on(self, unit: Any) -> int | None:
-        """The pod's VRAM need on ``unit`` (a ``devices.Unit``), bytes: ``gpuplace.io/gpu-fraction``
-        of its memory (rounded up), else ``vram`` (the annotation or the estimate), else None."""
+        """The pod's VRAM need on ``unit`` (a ``devices.Unit``): ``vram_need(unit.memory_bytes)``."""
+        return self.vram_need(unit.memory_bytes)
+
+    def vram_need(self, memory_bytes: int | None) -> int | None:
+        """The pod's VRAM need on a GPU of ``memory_bytes``, bytes: ``gpuplace.io/gpu-fraction`` of
+        that memory (rounded up; None when the memory is not given), else ``vram`` (the
+        annotation or the estimate), else None."""
         if self.req.gpu_fraction_milli is not None:
-            return -(-unit.memory_bytes * self.req.gpu_fraction_milli // 1000)
+            return None if memory_bytes is None else fraction_bytes(memory_bytes, self.req.gpu_fraction_milli)
         return self.vram.bytes_per_gpu if self.vram is not None else None
 
     @property

@@ -141,6 +141,26 @@ KEY_ITEM_BYTES = 64
 is 49, of a pair 56), rounded up."""
 
 
+SHOWN_CHARS = 64
+"""How much of a user's value a reason repeats. A reason is copied into the answer for every node
+(and into the pod's events), so a 200 KB annotation echoed whole would make a 1,000-node answer
+200 MB."""
+
+
+def shown(value: Any) -> str:
+    """``repr`` of a user's value for a reason, cut after ``SHOWN_CHARS`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= SHOWN_CHARS:
+        return repr(text) if isinstance(value, str) else repr(value)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text as the user wrote it (for reasons and log lines), cut after ``limit`` characters, the
+    full length then noted."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class FieldError:
     """One unusable pod field: ``field`` is the annotation or resource, ``message`` the fix (what

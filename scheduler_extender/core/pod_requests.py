@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Mapping
 
-from scheduler_extender.core.pod import Container, FieldError, Pod, PodShapeError, ResourceRequirements, as_pod
+from scheduler_extender.core.pod import FieldError, Pod, PodShapeError, ResourceRequirements, as_pod, shown
 from scheduler_extender.core.quantity import QuantityError, parse_quantity
 
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -104,7 +104,7 @@ def _with_init_containers(total: dict[str, Decimal], init: Any, errors: list[Fie
     init_max: dict[str, Decimal] = {}
     for i, c in enumerate(init):
         own = _read(c.resources, f"spec.initContainers[{i}].resources", errors, bad)
-        if isinstance(c, Container) and c.is_sidecar:
+        if c.is_sidecar:
             _add(total, own)
             _add(sidecars, own)
             use = dict(sidecars)
@@ -147,7 +147,7 @@ def _read(resources: ResourceRequirements | None, where: str, errors: list[Field
         origin = where_fixed or f"{where}.{'requests' if name in (resources.requests or {}) else 'limits'}"
         problem, n = _value(name, value, gpu)
         if problem is not None:
-            errors.append(FieldError(f"resources {name}", f"{origin} has {_shown(value)}, {problem}"))
+            errors.append(FieldError(f"resources {name}", f"{origin} has {shown(value)}, {problem}"))
             bad.add(name)
             continue
         out[name] = n
@@ -159,9 +159,9 @@ def _value(name: str, value: Any, gpu: bool) -> tuple[str | None, Decimal]:
     try:
         q = parse_quantity(value)
     except QuantityError:
-        accepted = "a whole number of devices" if gpu else (
-            "not a quantity; use e.g. 500m or 2" if name == "cpu" else "not a quantity; use e.g. 512Mi or 4Gi")
-        return ("not " + accepted if gpu else accepted), Decimal(0)
+        if gpu:
+            return "not a whole number of devices", Decimal(0)
+        return f"not a quantity; use e.g. {'500m or 2' if name == 'cpu' else '512Mi or 4Gi'}", Decimal(0)
     if q < 0:
         return "a negative request; a request is at least 0", Decimal(0)
     if gpu:
@@ -175,7 +175,3 @@ def _add(into: dict[str, Decimal], values: Mapping[str, Decimal]) -> None:
     for k, v in values.items():
         into[k] = into.get(k, 0) + v
 
-
-def _shown(value: Any) -> str:
-    text = value if isinstance(value, str) else str(value)
-    return repr(text[:64] + "...") if len(text) > 64 else repr(text)

@@ -138,6 +138,11 @@ class ScoringWeights(_Strict):
         description="Keep free GPUs usable by the pods the cluster sees (FGD, Weng et al., ATC'23); applies "
                     "when the extender has learned the workload.")
 
+    def by_component(self) -> dict[str, float]:
+        """Weight per score component, by the component's name (the field's name in the policy:
+        ``vramFit``, ``fragmentation``, ...): what the score weighs and explain reports."""
+        return {(f.alias or name): getattr(self, name) for name, f in type(self).model_fields.items()}
+
 
 class Policy(_Strict):
     """The whole policy document."""

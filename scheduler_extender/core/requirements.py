@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from scheduler_extender.core.catalog import Catalog, UnknownModelError
-from scheduler_extender.core.pod import FieldError, Pod, PodShapeError, as_pod
+from scheduler_extender.core.pod import SHOWN_CHARS, FieldError, Pod, PodShapeError, as_pod, cut, shown  # noqa: F401 - SHOWN_CHARS, cut: re-exported
 from scheduler_extender.core.pod_requests import AMD_GPU, MIG_PREFIX, NVIDIA_GPU, pod_requests
 from scheduler_extender.core.quantity import QuantityError, parse_quantity
 
@@ -88,20 +88,6 @@ _CC = re.compile(r"\s*([0-9]{1,3})\.([0-9]{1,3})\s*", re.ASCII)
 _PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
-SHOWN_CHARS = 64
-"""How much of a user's value a reason repeats. A reason is copied into the answer for every node
-(and into the pod's events), so a 200 KB annotation echoed whole would make a 1,000-node answer
-200 MB."""
-
-
-def shown(value: Any) -> str:
-    """``repr`` of a user's value for a reason, cut after ``SHOWN_CHARS`` characters."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= SHOWN_CHARS:
-        return repr(text) if isinstance(value, str) else repr(value)
-    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
-
-
 MAX_VALUE_CHARS = 4096
 """Longest ``gpuplace.io/`` annotation value parsed. The longest a user needs is a list of GPU models
 (every id and alias the catalog knows, comma-separated, is under 1,000 characters); a longer value is
@@ -126,12 +112,6 @@ def _unknown_keys(keys: list[str]) -> list[AnnotationError]:
     if len(unknown) > UNKNOWN_KEYS_NAMED:
         errors.append(AnnotationError(PREFIX + "*", f"{len(unknown) - UNKNOWN_KEYS_NAMED} more unknown gpuplace.io/ keys"))
     return errors
-
-
-def cut(text: str, limit: int = SHOWN_CHARS) -> str:
-    """Text as the user wrote it (for reasons and log lines), cut after ``limit`` characters, the
-    full length then noted."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 AnnotationError = FieldError

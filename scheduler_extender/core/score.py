@@ -239,12 +239,13 @@ def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[st
     return supply
 
 
-def scarcity_delta(job: Job, chosen: Sequence[Unit], scarcity: Mapping[str, float], state: NodeState | None = None) -> float:
+def scarcity_delta(job: Job, state: NodeState, chosen: Sequence[Unit], scarcity: Mapping[str, float]) -> float:
     """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
-    for the share of each it takes (``share_taken`` on ``state``); in devices."""
-    if state is None or ((state.view is None or state.view.sharing is None) and job.req.gpu_fraction_milli is None):
+    for the share of each it takes (``share_taken``); in devices."""
+    shares = [share_taken(job, state, u) for u in chosen]
+    if all(s == job.gpu_milli for s in shares):  # one share for all: summed as before, to the last bit
         return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
-    return sum(scarcity.get(model_key(u), 0.0) * share_taken(job, state, u) for u in chosen) / MILLI
+    return sum(scarcity.get(model_key(u), 0.0) * s for u, s in zip(chosen, shares)) / MILLI
 
 
 FRAG_SCALE_GPUS = 1.0
@@ -297,11 +298,12 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
             free = free_models(s, resource)
             deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
                               + host_stranding_delta(job, s, r.chosen, workload, free)
-                              + (scarcity_delta(job, r.chosen, scarcity, s) if scarcity else 0.0))
+                              + (scarcity_delta(job, s, r.chosen, scarcity) if scarcity else 0.0))
         frag = fragmentation_values(deltas)
         if len(set(frag.values())) == 1:
             frag = {}  # tells no candidate apart: leave the other components their full say
 
+    weight_of = w.by_component()
     out: list[NodeScore] = []
     for state, result in passed:
         if not result.chosen:
@@ -327,7 +329,7 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
             comps["fragmentation"] = frag[result.node]
         else:
             comps["packing"] = _packing(state, result, job)
-        weights = {k: getattr(w, {"vramFit": "vram_fit"}.get(k, k)) for k in comps}
+        weights = {k: weight_of[k] for k in comps}
         value = _weighted_mean(comps, weights)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost, value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))

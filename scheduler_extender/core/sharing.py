@@ -112,7 +112,13 @@ def used_vram_bytes(memory_bytes: int, needs: Sequence[int | None]) -> int:
 
 
 MILLI = 1000
-"""Thousandths of a GPU: the measure of a share (``devices.MILLI``, FGD's ``MILLI``)."""
+"""Thousandths of a unit in one unit: the measure of a GPU-sharing pod's share (FGD's ``MILLI``)."""
+
+
+def fraction_bytes(memory_bytes: int, fraction_milli: int) -> int:
+    """``fraction_milli`` thousandths of a GPU's ``memory_bytes``, in bytes, rounded up: the VRAM
+    need of a ``gpuplace.io/gpu-fraction`` pod on that GPU."""
+    return -(-memory_bytes * fraction_milli // MILLI)
 
 
 def share_milli(need_bytes: int | None, memory_bytes: int) -> int:

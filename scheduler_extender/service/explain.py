@@ -21,8 +21,7 @@ def component_weights(policy: Policy) -> dict[str, float]:
     """Score component -> its weight in the policy (``scoring``), by the component's name (the
     field's name in the policy: ``vramFit``, ``fragmentation``, ...), for every weight the
     policy has, so that no component is reported without its weight."""
-    scoring = policy.scoring
-    return {(f.alias or name): float(getattr(scoring, name)) for name, f in type(scoring).model_fields.items()}
+    return {k: float(v) for k, v in policy.scoring.by_component().items()}
 
 
 def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:

@@ -516,12 +516,11 @@ class ExtenderService:
         return self._answer(("filter-best", workload.version), grouped, build)
 
     def _reserve(self, pod: Pod, nodes: list[str], job: Job) -> None:
-        """Hold ``pod`` on ``nodes`` until the watch shows it bound (``cluster.reservations``), with
-        its VRAM need per GPU as decided; nothing where the source keeps no reservations (static
-        mode: the files are the truth)."""
+        """Hold ``pod`` on ``nodes`` until the watch shows it bound (``cluster.reservations``), taking
+        what ``job`` decided it takes; nothing where the source keeps no reservations (static mode:
+        the files are the truth)."""
         if self._reserve_in is not None and nodes:
-            self._reserve_in(pod, nodes, job.vram.bytes_per_gpu if job.vram is not None else None,
-                             job.req.gpu_fraction_milli)
+            self._reserve_in(pod, nodes, job)
 
     def _expire_reservations(self, retried_uid: str | None = None) -> None:
         expire = getattr(self.source, "expire_reservations", None)
@@ -659,10 +658,10 @@ class ExtenderService:
         reservations, the pod is then held on the passed nodes whose GPUs are shared
         (``_reserve_shared``), decided one at a time with the filters."""
         if self._reserve_in is None:
-            return self._prioritize_response(args)
+            return self._prioritize_response(args)[0]
         with self._filter_lock:
             self._expire_reservations()
-            body, job, grouped = self._prioritize_response(args, keep=True)
+            body, job, grouped = self._prioritize_response(args)
             self._reserve_shared(args, job, grouped)
             return body
 
@@ -678,12 +677,13 @@ class ExtenderService:
         if shared:
             self._reserve(args.Pod, [n for n, g in zip(grouped.names, grouped.group_of) if g in shared], job)
 
-    def _prioritize_response(self, args: ExtenderArgs, keep: bool = False) -> Any:
+    def _prioritize_response(self, args: ExtenderArgs) -> tuple[bytes, Job, GroupedResults]:
+        """The ``HostPriorityList`` body, with the job and verdicts it was decided from."""
         job, names, grouped = self._decide_grouped(args)
         if self._scores_without_devices(job):
             per_node = self._node_scores_without_devices(job, grouped)
             body = dumps([{"Host": n, "Score": sc.score if sc is not None else 0} for n, sc in zip(names, per_node)])
-            return (body, job, grouped) if keep else body
+            return body, job, grouped
         workload = self.workload_profile()
         scored = self.engine.score_grouped(job, grouped, workload)
         scores = scored.scores
@@ -694,7 +694,7 @@ class ExtenderService:
         # The learned workload moves the fragmentation component: its version is part of the key.
         body = self._answer(("prioritize", workload.version), grouped,
                             lambda: dumps([{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)]))
-        return (body, job, grouped) if keep else body
+        return body, job, grouped
 
 
 def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None:

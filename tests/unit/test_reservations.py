@@ -109,6 +109,11 @@ def bound(p, node):
     return p
 
 
+def hold(c, p, nodes, now=None):
+    """Reserve pod ``p`` on ``nodes`` as the extender's answer does: with the job it decided."""
+    return c.reserve(as_pod(p), nodes, ENGINE.job(p), now=now)
+
+
 def verdict(c, p, node="ts"):
     return ENGINE.filter(ENGINE.job(p), [c.state(node)], None)[0]
 
@@ -118,7 +123,7 @@ def test_reserved_pods_count_on_a_time_sliced_gpu_before_the_watch_shows_them():
     for i in range(3):
         p = inference(f"p{i}")
         assert verdict(c, p).passed
-        assert c.reserve(as_pod(p), ["ts"], 7 * GIB)
+        assert hold(c, p, ["ts"])
     fourth = verdict(c, inference("p3"))
     assert not fourth.passed and not fourth.unresolvable
     assert fourth.reason.startswith("GPU 0: 3 GiB of 24 GiB VRAM left (3 pods share it) < 7 GiB needed")
@@ -127,7 +132,7 @@ def test_reserved_pods_count_on_a_time_sliced_gpu_before_the_watch_shows_them():
 def test_a_binding_replaces_the_reservation_without_counting_the_pod_twice():
     c = cluster(node_obj("ts", [gpu(0, **RTX_4090)], replicas=4))
     p = inference("p0")
-    c.reserve(as_pod(p), ["ts"], 7 * GIB)
+    hold(c, p, ["ts"])
     before = c.state("ts").allocation.shared_unplaced
     c.apply_pod_event("ADDED", bound(p, "ts"))
     assert before == c.state("ts").allocation.shared_unplaced == (7 * GIB,)
@@ -138,7 +143,7 @@ def test_whole_gpus_reserved_are_taken_from_the_free_count_and_cpu():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
     p = pod({}, gpus=3, name="three")
     p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "12"
-    c.reserve(as_pod(p), ["n8"])
+    hold(c, p, ["n8"])
     st = c.state("n8")
     assert st.allocation.anonymous == {"nvidia.com/gpu": 3} and st.cpu_milli_free == 64000 - 12000
     snap = c.snapshot()["nodes"]["n8"]
@@ -149,7 +154,7 @@ def test_whole_gpus_reserved_are_taken_from_the_free_count_and_cpu():
 def test_a_pod_deleted_before_binding_frees_its_reservation_shortly_after_the_pending_watch_loses_it():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
     p = pod({}, gpus=8, name="big")
-    c.reserve(as_pod(p), ["n8"], now=100.0)
+    hold(c, p, ["n8"], now=100.0)
     pending = PendingGpuPods(on_deleted=lambda uid: c.pod_gone(uid, now=101.0))
     pending.replace_pods([p])
     # Deleted or bound: the watch cache sends the object as it was (no node) either way.
@@ -164,7 +169,7 @@ def test_a_pod_deleted_before_binding_frees_its_reservation_shortly_after_the_pe
 def test_a_binding_that_shows_after_the_pod_left_the_pending_watch_confirms_its_reservation():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
     p = pod({}, gpus=8, name="big")
-    c.reserve(as_pod(p), ["n8"], now=100.0)
+    hold(c, p, ["n8"], now=100.0)
     c.pod_gone(p["metadata"]["uid"], now=100.5)
     c.apply_pod_event("ADDED", bound(p, "n8"))
     assert c.state("n8").allocation.anonymous == {"nvidia.com/gpu": 8}
@@ -173,7 +178,7 @@ def test_a_binding_that_shows_after_the_pod_left_the_pending_watch_confirms_its_
 
 def test_an_expired_reservation_frees_the_node():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]), ttl=5)
-    c.reserve(as_pod(pod({}, gpus=8, name="big")), ["n8"], now=100.0)
+    hold(c, pod({}, gpus=8, name="big"), ["n8"], now=100.0)
     c.expire_reservations(now=104.0)
     assert c.state("n8").allocation.anonymous == {"nvidia.com/gpu": 8}
     c.expire_reservations(now=105.0)
@@ -184,8 +189,8 @@ def test_a_restarted_replica_knows_no_reservation_but_every_binding_its_list_sho
     node = node_obj("n8", [gpu(i, **A100) for i in range(8)])
     first = cluster(node)
     a, b = pod({}, gpus=4, name="a"), pod({}, gpus=4, name="b")
-    first.reserve(as_pod(a), ["n8"])
-    first.reserve(as_pod(b), ["n8"])
+    hold(first, a, ["n8"])
+    hold(first, b, ["n8"])
     restarted = cluster(node)  # a new process: its books start from the API server's list
     restarted.replace_pods([bound(a, "n8")])  # a was bound meanwhile; b's binding is still in flight
     assert restarted.state("n8").allocation.anonymous == {"nvidia.com/gpu": 4}
@@ -255,7 +260,7 @@ def test_reservation_metrics_count_what_is_held_and_how_each_ended():
     registry = CollectorRegistry()
     registry.register(ClusterStateCollector(ClusterSource(c, CAT)))
     p = pod({}, gpus=2, name="two")
-    c.reserve(as_pod(p), ["n8"])
+    hold(c, p, ["n8"])
     assert registry.get_sample_value("gpuplace_extender_reservations") == 1
     c.apply_pod_event("ADDED", bound(p, "n8"))
     assert registry.get_sample_value("gpuplace_extender_reservations") == 0
@@ -280,9 +285,9 @@ def test_prioritize_does_not_count_the_pod_against_itself_in_filter_and_prioriti
 
 def test_only_the_clusters_nodes_hold_reservations():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
-    p = as_pod(pod({}, gpus=1, name="p"))
-    assert not c.reserve(p, ["made-up-0", "made-up-1"])
-    assert c.reserve(p, ["n8", "made-up-0"]) and c.reservation_counts()[0] == 1
+    p = pod({}, gpus=1, name="p")
+    assert not hold(c, p, ["made-up-0", "made-up-1"])
+    assert hold(c, p, ["n8", "made-up-0"]) and c.reservation_counts()[0] == 1
     assert "made-up-0" not in c.snapshot()["nodes"]
 
 
@@ -292,14 +297,14 @@ def test_a_reserved_pod_under_a_bound_pods_name_is_counted_apart():
     c.replace_pods([bound(old, "n8")])
     new = pod({}, gpus=4, name="web-0")
     new["metadata"]["uid"] = "uid-of-the-new-web-0"
-    c.reserve(as_pod(new), ["n8"])
+    hold(c, new, ["n8"])
     assert c.state("n8").allocation.anonymous == {"nvidia.com/gpu": 8}
 
 
 def test_pods_gone_while_the_pending_watch_was_down_release_their_reservations_after_a_relist():
     c = cluster(node_obj("n8", [gpu(i, **A100) for i in range(8)]))
     p = pod({}, gpus=8, name="big")
-    c.reserve(as_pod(p), ["n8"], now=100.0)
+    hold(c, p, ["n8"], now=100.0)
     pending = PendingGpuPods(on_deleted=lambda uid: c.pod_gone(uid, now=100.0))
     pending.replace_pods([p])
     pending.replace_pods([])  # relisted after a broken watch: the pod is gone
