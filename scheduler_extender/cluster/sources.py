@@ -55,7 +55,7 @@ class ChangeLog(Protocol):
 FALLBACK_MEMO_ENTRIES = 50_000
 FALLBACK_MEMO_BYTES = 128 * 2**20
 """Bounds of the parsed-annotation memo. Each entry is charged what its node state keeps alive
-(``fast.memo.retained_bytes``, the catalog's rows left out): a parsed inventory holds 9x to 25x
+(``fast.memo.retained_bytes``, the catalog's rows left out): a parsed inventory holds 2.5x to 25x
 its JSON text depending on its shape, so a fixed factor of the text would miss the bound."""
 MEMO_SHARED = (CatalogEntry, Catalog)
 """What every parsed view points to and the memo does not keep alive."""
