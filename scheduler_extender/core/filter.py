@@ -439,10 +439,16 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
             return NodeResult(node, False, (Rejection(
                 C_VRAM, f"{limit_text} VRAM per MPS replica (the GPU's / {replicas}) < {_need_text(job, need_text)}"),))
         return NodeResult(node, True, chosen=(with_room[0],))
-    # Time-slicing: no memory isolation; the plugin may hand out a replica of any GPU with one free.
+    # Time-slicing: no memory isolation. The plugin hands out a replica of a GPU with the fewest in
+    # use (ties in an order we cannot know); while a holder's GPU is unknown, so are the counts,
+    # and any GPU with a free replica may be the one.
+    candidates = with_room
+    if not alloc.shared_unplaced:
+        fewest = min(len(held[u.uuid]) for u in with_room)
+        candidates = [u for u in with_room if len(held[u.uuid]) == fewest]
     left = {u.uuid: u.memory_bytes - used_vram_bytes(u.memory_bytes, (*held[u.uuid], *alloc.shared_unplaced))
-            for u in with_room}
-    short = [u for u in with_room if left[u.uuid] < (need[u.uuid] if need[u.uuid] is not None else u.memory_bytes)]
+            for u in candidates}
+    short = [u for u in candidates if left[u.uuid] < (need[u.uuid] if need[u.uuid] is not None else u.memory_bytes)]
     if short:
         unplaced = len(alloc.shared_unplaced)
         if need[short[0].uuid] is not None:
@@ -455,9 +461,10 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
                           f"({len(held[u.uuid]) + unplaced} pods share it)" for u, shown in zip(short, lefts))
         unplaced_note = f"; {unplaced} pods on a GPU the agent has not reported yet count on each" if unplaced else ""
         return NodeResult(node, False, (Rejection(
-            C_VRAM, f"{parts} < {wanted} ({how}: the device plugin may give any GPU with a free replica{unplaced_note})",
-            resolvable=True),))
-    return NodeResult(node, True, chosen=(max(with_room, key=lambda u: (left[u.uuid], -u.gpu_index)),))
+            C_VRAM, f"{parts} < {wanted} ({how}: the device plugin gives a replica of "
+                    f"{'a GPU with the fewest in use' if candidates is not with_room else 'any GPU with one free'}"
+                    f"{unplaced_note})", resolvable=True),))
+    return NodeResult(node, True, chosen=(max(candidates, key=lambda u: (left[u.uuid], -u.gpu_index)),))
 
 
 def _need_text(job: Job, amount: str) -> str:

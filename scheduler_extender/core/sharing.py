@@ -13,9 +13,12 @@ ties broken at random). So a placement is correct whatever replica the pod gets 
 - **MPS**: the pod's VRAM need fits one replica's limit, the GPU's memory / replicas (the MPS
   control daemon's ``set_default_device_pinned_mem_limit``, enforced; ``cmd/mps-control-daemon/
   mps/daemon.go``); any free replica then works.
-- **time-slicing** (no memory isolation): every GPU with a free replica has the pod's need left
-  after the needs of the pods already on it (``shared_vram_rejection``). A pod whose need is
-  unknown counts as the whole GPU; a pod the agent has not placed on a GPU yet counts on every GPU.
+- **time-slicing** (no memory isolation): every GPU the plugin may give has the pod's need left
+  after the needs of the pods already on it: the GPUs with a free replica and the fewest in use
+  (the plugin's default ``distributed`` policy; ties in Go's map order, so any of them), or, while
+  a pod bound there is on a GPU the agent has not reported yet (the counts are then unknown),
+  every GPU with a free replica. A pod whose need is unknown counts as the whole GPU; a pod the
+  agent has not placed on a GPU yet counts on every GPU.
 
 Asking for several replicas gives no more memory (MPS rejects it; time-slicing may put them on
 one GPU), so a shared node passes only one-GPU pods. Which classes may share is the policy's

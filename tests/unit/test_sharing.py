@@ -88,16 +88,37 @@ def test_three_7gib_pods_share_a_24gib_time_sliced_gpu_and_a_fourth_is_refused_w
     assert verdict(c, inference("small-one", vram="2Gi")).passed  # what is left still fits a smaller pod
 
 
-def test_pods_the_agent_placed_count_on_their_gpu_and_every_gpu_with_a_free_replica_must_have_room():
+def test_the_gpu_with_the_fewest_replicas_in_use_is_the_one_the_plugin_gives_and_must_have_room():
+    """NVIDIA's device plugin (``internal/rm/allocate.go``, default policy ``distributed``) gives
+    the replica of a GPU with the fewest in use; among equals, any."""
     gpus = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
     gpus[0]["allocatedTo"] = "default/a,default/b"
     c = cluster(node_obj("ts", gpus, replicas=4))
     c.replace_pods([bound(inference("a", "10Gi"), "ts"), bound(inference("b", "10Gi"), "ts")])
     alloc = c.state("ts").allocation
     assert alloc.shared == {gpus[0]["uuid"]: (10 * 2**30, 10 * 2**30)} and alloc.shared_unplaced == ()
+    # GPU 0 has 4 GiB left, but the plugin gives GPU 1 (no replica in use): 20 GiB fits there.
+    placed = verdict(c, inference("big", "20Gi"))
+    assert placed.passed and [u.gpu_index for u in placed.chosen] == [1]
+    gpus[1]["allocatedTo"] = "default/c,default/d"
+    c = cluster(node_obj("ts", gpus, replicas=4))
+    c.replace_pods([bound(inference(n, v), "ts") for n, v in (("a", "10Gi"), ("b", "10Gi"), ("c", "1Gi"), ("d", "1Gi"))])
     assert verdict(c, inference("fits", "3Gi")).passed
-    refused = verdict(c, inference("too-big", "5Gi"))  # GPU 1 has room, but the plugin may hand out GPU 0
+    refused = verdict(c, inference("too-big", "5Gi"))  # two in use on each: the plugin may hand out GPU 0
     assert refused.reason.startswith("GPU 0: 4 GiB of 24 GiB VRAM left (2 pods share it) < 5 GiB needed")
+    assert "a replica of a GPU with the fewest in use" in refused.reason
+
+
+def test_while_a_holder_is_on_an_unreported_gpu_every_gpu_with_a_free_replica_must_have_room():
+    gpus = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
+    gpus[0]["allocatedTo"] = "default/a"
+    c = cluster(node_obj("ts", gpus, replicas=4))
+    c.replace_pods([bound(inference("a", "10Gi"), "ts"), bound(inference("b", "4Gi"), "ts")])
+    assert c.state("ts").allocation.shared_unplaced == (4 * 2**30,)
+    # b may be on GPU 1, so the counts are unknown: GPU 0 (10 + 4 GiB held) may be the one given.
+    refused = verdict(c, inference("big", "12Gi"))
+    assert refused.reason.startswith("GPU 0: 10 GiB of 24 GiB VRAM left"), refused.reason
+    assert "any GPU with one free" in refused.reason
 
 
 def test_a_pod_whose_need_is_unknown_counts_as_the_whole_gpu():
@@ -209,10 +230,13 @@ def test_a_pod_holding_two_replicas_of_one_gpu_counts_twice_in_replicas_and_vram
 def test_a_name_repeated_in_allocated_to_counts_once():
     g = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
     g[0]["allocatedTo"] = ",".join(["default/a"] * 4)
+    g[1]["allocatedTo"] = "default/b"
     c = cluster(node_obj("ts", g, replicas=4))
-    c.replace_pods([bound(inference("a", "20Gi"), "ts")])
-    assert c.state("ts").allocation.shared == {g[0]["uuid"]: (20 * 2**30,)}
-    refused = verdict(c, inference("new", "10Gi"))  # GPU 0 still has free replicas, and only 4 GiB
+    c.replace_pods([bound(inference("a", "20Gi"), "ts"), bound(inference("b", "1Gi"), "ts")])
+    assert c.state("ts").allocation.shared == {g[0]["uuid"]: (20 * 2**30,), g[1]["uuid"]: (2**30,)}
+    # One replica in use on each (four would have left GPU 0 none, and GPU 1 the plugin's only
+    # choice): GPU 0 may be given, and has only 4 GiB.
+    refused = verdict(c, inference("new", "10Gi"))
     assert refused.reason.startswith("GPU 0: 4 GiB of 24 GiB VRAM left (1 pods share it)")
 
 
