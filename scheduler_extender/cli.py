@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from node_agent.version import add_version_argument
 from scheduler_extender.service.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, bounded_http_protocol
-from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.catalog import CatalogFileError, catalog_with_file, default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, load_policy
 from scheduler_extender.service.metrics import ExtenderMetrics
@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "their score), so kube-scheduler can run without a prioritizeVerb: one round trip per "
                         "pod, and in cluster mode the pod is reserved on exactly the node it will be bound to. "
                         "Another extender sees only that node")
+    p.add_argument("--catalog-file", metavar="FILE",
+                   help="YAML list of GPU models to add to the shipped catalog, for GPUs it does not know yet "
+                        "(rows as in the package's data/catalog.yaml, schema CatalogEntry; ids and driver names "
+                        "must be new)")
     p.add_argument("--reservation-seconds", type=float, default=DEFAULT_TTL_SECONDS, metavar="SECONDS",
                    help="cluster mode: how long a pod the extender sent to a node is held there in its books (its "
                         "GPUs, a shared GPU's replica and VRAM, CPU and memory) while the watch does not show it "
@@ -279,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuplace-extender: invalid policy: {e}", file=sys.stderr)
         return 2
     catalog = default_catalog()
+    if args.catalog_file:
+        try:
+            catalog = catalog_with_file(args.catalog_file, catalog)
+        except CatalogFileError as e:
+            print(f"gpuplace-extender: --catalog-file {e}", file=sys.stderr)
+            return 2
     engine = Engine(policy, catalog)
     metrics = ExtenderMetrics()
 

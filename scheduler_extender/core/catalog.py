@@ -134,6 +134,28 @@ def load_catalog_yaml(text: str) -> list[CatalogEntry]:
     return [CatalogEntry.model_validate(r) for r in rows]
 
 
+class CatalogFileError(ValueError):
+    """A catalog file that cannot be read or whose rows are invalid; the message names the file."""
+
+
+def catalog_with_file(path: str, base: Catalog) -> Catalog:
+    """``base`` plus the rows of the YAML file at ``path`` (a list of rows, or ``gpus:`` and a list,
+    each a ``CatalogEntry`` as in the shipped ``data/catalog.yaml``): GPU models the shipped
+    catalog lacks. A row may not reuse an id or driver name of ``base``.
+
+    Raises:
+        CatalogFileError: unreadable file, invalid YAML or row, or a clash with ``base``.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = load_catalog_yaml(f.read())
+        return Catalog([*base.entries.values(), *rows])
+    except OSError as e:
+        raise CatalogFileError(f"{path}: cannot read: {e.strerror}") from None
+    except (yaml.YAMLError, ValueError, TypeError, KeyError) as e:
+        raise CatalogFileError(f"{path}: {str(e)[:2000]}") from None
+
+
 @lru_cache(maxsize=1)
 def default_catalog() -> Catalog:
     """The catalog shipped in the package (``data/catalog.yaml``)."""

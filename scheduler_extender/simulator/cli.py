@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 DEFAULT_OPENB_NODES = "openb_node_list_gpu_node.csv"
 LLM_TARGET_PODS = 5000
@@ -72,6 +73,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                    help="model the chart's scheduler.extender.cpuOnlyPods: kube-scheduler asks the extender about "
                         "pods without GPUs too, and gpuplace places them where their CPU and memory leave the free "
                         "GPUs most usable (default); --no-cpu-only-pods: the default profile places them alone")
+    s.add_argument("--sharing", choices=("scheduler", "device-plugin"), default="scheduler",
+                   help="scheduler: a GPU-sharing pod takes its share of the GPU the scheduler picks, on any "
+                        "node (openb's own setting, FGD's simulator) (default); device-plugin: the cluster's "
+                        "model: a share of each model's nodes is time-sliced by the NVIDIA device plugin, "
+                        "sharing pods go there (gpuplace.io/gpu-fraction) and only there, and the plugin picks "
+                        "the GPU (fewest replicas in use); over-committed GPUs are counted")
+    s.add_argument("--time-sliced-share", default="auto", metavar="F|auto",
+                   help="with --sharing device-plugin: share of each GPU model's nodes time-sliced (default "
+                        "auto: the share of the pod list's milli-GPUs that sharing pods ask for)")
+    s.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="with --sharing device-plugin: time-slicing replicas per GPU (default 4)")
     s.add_argument("--json", metavar="FILE", help="write the report as JSON")
     s.add_argument("--charts", metavar="DIR",
                    help="write gpu_milli_allocation.png, allocation_ratio.png and stranded_by_model.png")
@@ -120,6 +132,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from scheduler_extender.simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
     from scheduler_extender.simulator.workload import llm_pods, rate_for_load
 
+    from scheduler_extender.simulator import device_plugin
+
     try:
         loads = _loads(args.load)
         baselines = _baselines(args.baselines)
@@ -156,6 +170,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (TraceError, OSError) as e:
         print(f"gpuplace simulate: {e}", file=sys.stderr)
         return 2
+    try:
+        share = sharing_setup(args, policy, trace)
+    except ValueError as e:
+        print(f"gpuplace simulate: {e}", file=sys.stderr)
+        return 2
+    if share is not None:
+        nodes = device_plugin.cluster_fleet(nodes, share, args.replicas or device_plugin.DEFAULT_REPLICAS)
+        cls = device_plugin.sharing_class(policy)
+        trace = [device_plugin.cluster_pod(p, cls) for p in trace]
     capacity = sum(len(n.inventory.gpus) for n in nodes)
     capacity_milli = Cluster(nodes, catalog, policy).capacity_milli  # units (MIG devices count) x 1000
     cpu_only = sum(1 for p in trace if not p.gpus)
@@ -194,6 +217,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "gpus": capacity, "skipped_cpu_only_pods": skipped, "cpu_only_pods": cpu_only,
                    "extender_weight": weight, "filter_returns_best": args.filter_returns_best,
                    "cpu_only_pods_to_extender": args.cpu_only_pods,
+                   "sharing": args.sharing, "time_sliced_share": share,
+                   "time_sliced_nodes": sum(1 for n in nodes if n.sharing is not None),
+                   "replicas": (args.replicas or device_plugin.DEFAULT_REPLICAS) if share is not None else None,
                    "policy": args.policy, "loads": [report.load_key(l) for l in loads],
                    "title": f"({args.trace}, {args.mode})"}
     print(report.render_table(result))
@@ -209,3 +235,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(f"gpuplace simulate: {e}", file=sys.stderr)
             return 2
     return 0
+
+
+def sharing_setup(args: argparse.Namespace, policy: Any, trace: Sequence[Any]) -> float | None:
+    """The time-sliced share of ``--sharing device-plugin`` (None for ``scheduler``); ValueError
+    names the option and the accepted form."""
+    from scheduler_extender.simulator import device_plugin
+    if args.sharing != "device-plugin":
+        if args.replicas is not None or args.time_sliced_share != "auto":
+            raise ValueError("--replicas and --time-sliced-share apply with --sharing device-plugin only")
+        return None
+    device_plugin.sharing_class(policy)  # raises when no class may share
+    if args.time_sliced_share == "auto":
+        return device_plugin.sharing_share(trace)
+    try:
+        share = float(args.time_sliced_share)
+    except ValueError:
+        raise ValueError(f"--time-sliced-share {args.time_sliced_share!r}: use a number between 0 and 1, or auto") from None
+    if not 0 <= share <= 1:
+        raise ValueError(f"--time-sliced-share {args.time_sliced_share!r}: use a number between 0 and 1, or auto")
+    return share

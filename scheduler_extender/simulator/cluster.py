@@ -20,12 +20,20 @@ whole-GPU pod every unit with a share taken; and it lists what is left of each p
 (``NodeAllocation.partly_free_milli``), which the score's fragmentation reads. When the policy scores fragmentation, the engine
 reads the node's free CPU and memory too (``NodeState.cpu_milli_free``, ``memory_bytes_free``):
 they join the key, so partly used nodes then each form their own class.
+
+Time-sliced nodes (``SimNode.sharing``, ``--sharing device-plugin``: ``simulator.device_plugin``)
+count replicas as kube-scheduler does and take what the device plugin gives
+(``Cluster.granted``), which may over-commit a GPU's share (``milli_free`` below 0); their class
+key holds each GPU's holders' shares, and their engine state lists the holders' VRAM needs
+(``NodeAllocation.shared``) as the cluster cache does for a gpu-fraction pod.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
+
+import random
 
 import numpy as np
 
@@ -34,6 +42,8 @@ from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView,
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import MIB
 from scheduler_extender.core.requirements import NVIDIA_GPU
+from scheduler_extender.core.sharing import fraction_bytes, shared_free_milli
+from scheduler_extender.simulator.device_plugin import plugin_choice
 from scheduler_extender.simulator.model import SimNode, SimPod
 
 MILLI = 1000
@@ -53,7 +63,7 @@ class Cluster:
         for n in self.nodes:
             key = n.template or f"node:{n.name}"
             if key not in views:
-                views[key] = build_node_view(n.inventory, catalog, n.name)
+                views[key] = build_node_view(n.inventory, catalog, n.name, sharing=n.sharing)
             self.views.append(views[key])
         # Simulated pods request nvidia.com/gpu: its units (full GPUs; MIG devices under the
         # single strategy, as the device plugin advertises them) are the capacity.
@@ -79,6 +89,12 @@ class Cluster:
         for i, u in enumerate(self.units):
             self.milli_free[i, :len(u)] = MILLI  # columns past a node's units stay 0: never free
         self.milli_total = self.gpu_total * MILLI
+        # Time-sliced nodes: replicas per GPU, and replicas in use per node (kube-scheduler's count).
+        self.replicas = np.array([n.sharing.replicas if n.sharing else 0 for n in self.nodes], dtype=np.int64)
+        self.shared = self.replicas > 0
+        self.any_shared = bool(self.shared.any())
+        self.replicas_total = self.replicas * self.gpu_total
+        self.replicas_used = np.zeros(len(self.nodes), dtype=np.int64)
         self.capacity_milli = self.capacity * MILLI
         self.on_unit: list[list[dict[str, int]]] = [[{} for _ in u] for u in self.units]  # pod -> milli
         self.held: list[dict[str, str]] = [{} for _ in self.nodes]
@@ -110,12 +126,14 @@ class Cluster:
     def _class(self, i: int) -> int:
         host = self._host_free(i)
         free = tuple(self.milli_free[i, :len(self.units[i])].tolist())
-        key = (id(self.views[i]), free, *host)
+        # A shared GPU's holders, by share: the filter counts them (replicas) and sums their needs.
+        holders = tuple(tuple(sorted(d.values())) for d in self.on_unit[i]) if self.shared[i] else ()
+        key = (id(self.views[i]), free, holders, *host)
         cid = self._class_ids.get(key)
         if cid is None:
             cid = len(self._class_keys)
             self._class_ids[key] = cid
-            self._class_keys.append((self.views[i], self.units[i], free, dict(self.held[i]), *host))
+            self._class_keys.append((self.views[i], self.units[i], free, dict(self.held[i]), holders, *host))
             self._class_count.append(0)
         return cid
 
@@ -138,7 +156,11 @@ class Cluster:
         the same ``NodeState`` object, so a policy can filter and score it once."""
         state = self._class_states.get((cid, milli))
         if state is None:
-            view, units, free, names, cpu, mem = self._class_keys[cid]
+            view, units, free, names, holders, cpu, mem = self._class_keys[cid]
+            if view.sharing is not None:
+                state = self._shared_state(view, units, holders, cpu, mem)
+                self._class_states[(cid, milli)] = state
+                return state
             held_ix = tuple(j for j, f in enumerate(free) if f < milli)
             partly = tuple((j, f) for j, f in enumerate(free) if 0 < f < MILLI)
             key = (id(view), held_ix, partly, cpu, mem)
@@ -152,6 +174,20 @@ class Cluster:
             self._class_states[(cid, milli)] = state
         return state
 
+    def _shared_state(self, view: NodeView, units: tuple[Unit, ...], holders: tuple[tuple[int, ...], ...],
+                      cpu: int | None, mem: int | None) -> NodeState:
+        """A time-sliced class's engine state: each GPU's holders as VRAM needs, their gpu-fraction
+        of its memory, and the share they leave, as the cluster cache builds it (``_shared_allocation``)."""
+        key = (id(view), holders, cpu, mem)
+        state = self._engine_states.get(key)
+        if state is None:
+            shared = {u.uuid: tuple(fraction_bytes(u.memory_bytes, m) for m in h) for u, h in zip(units, holders) if h}
+            allocation = NodeAllocation(shared=shared, partly_free_milli=shared_free_milli(units, shared, ()))
+            state = NodeState(name=f"state-{len(self._engine_states)}", view=view, allocation=allocation,
+                              cpu_milli_free=cpu, memory_bytes_free=mem)
+            self._engine_states[key] = state
+        return state
+
     @property
     def class_total(self) -> int:
         return len(self._class_keys)
@@ -159,13 +195,21 @@ class Cluster:
     # ---- masks -----------------------------------------------------------------------------------
 
     def fits_resources(self, pod: SimPod) -> np.ndarray:
-        """Nodes with the pod's CPU and memory free (kube-scheduler's NodeResourcesFit filter)."""
-        ok = np.ones(len(self.nodes), dtype=bool)
+        """Nodes with the pod's CPU and memory free (kube-scheduler's NodeResourcesFit filter) that
+        the cluster's sharing rules let it use (``sharing_rule``)."""
+        ok = self.sharing_rule(pod).copy()
         if pod.cpu_milli:
             ok &= self.cpu_free >= pod.cpu_milli
         if pod.memory_mib:
             ok &= self.mem_free >= pod.memory_mib
         return ok
+
+    def sharing_rule(self, pod: SimPod) -> np.ndarray:
+        """Where time-sliced nodes exist (``device_plugin``): sharing pods only there (their
+        nodeSelector), whole-GPU pods never (the taint), CPU-only pods anywhere (they tolerate it)."""
+        if not self.any_shared or pod.gpus == 0:
+            return np.ones(len(self.nodes), dtype=bool)
+        return self.shared if pod.sharing else ~self.shared
 
     def model_mask(self, allowed: frozenset[str] | None) -> np.ndarray:
         """Nodes whose GPU model is in ``allowed`` (a nodeSelector on the model label); None: all."""
@@ -184,6 +228,8 @@ class Cluster:
         if pod.gpus == 0:
             return np.ones(len(self.nodes), dtype=bool)
         if pod.sharing:
+            if self.any_shared:  # kube-scheduler counts the device plugin's replicas
+                return self.replicas_used < self.replicas_total
             return self.milli_free.max(axis=1) >= pod.gpu_milli
         return self.gpu_free >= pod.gpus
 
@@ -192,8 +238,10 @@ class Cluster:
         if pod.gpus == 0:
             return True
         if pod.sharing:
+            if self.any_shared:
+                return bool(self.shared[i] and self.replicas_used[i] < self.replicas_total[i])
             return bool(self.milli_free[i].max() >= pod.gpu_milli)
-        return bool(self.gpu_free[i] >= pod.gpus)
+        return bool(self.gpu_free[i] >= pod.gpus and not self.shared[i])
 
     def free_units(self, i: int) -> list[Unit]:
         """Node ``i``'s wholly free units, by index."""
@@ -215,11 +263,27 @@ class Cluster:
         """The units a pod gets on node ``i`` when the policy does not choose them: the first
         wholly free ones by index (the device plugin; FGD's ``AllocateExclusiveGpuId``), the best
         fitting one for a sharing pod, none for a CPU-only pod."""
-        if pod.gpus == 0:
-            return ()
+        if pod.gpus == 0 or self.shared[i]:
+            return ()  # a time-sliced node's replica is the device plugin's (``granted``)
         if pod.sharing:
             return (self.best_fit_unit(i, pod.gpu_milli),)
         return tuple(self.free_units(i)[:pod.gpus])
+
+    def granted(self, i: int, pod: SimPod, units: tuple[Unit, ...], rng: random.Random) -> tuple[Unit, ...]:
+        """The units the pod gets on node ``i`` after a policy chose ``units``: on a time-sliced
+        node the device plugin's replica (``device_plugin.plugin_choice``), whatever the policy
+        chose; elsewhere ``units``."""
+        if not self.shared[i] or not pod.gpus:
+            return units
+        j = plugin_choice([len(d) for d in self.on_unit[i]], int(self.replicas[i]), rng)
+        if j is None:
+            raise RuntimeError(f"{self.nodes[i].name}: every replica in use")
+        return (self.units[i][j],)
+
+    @property
+    def overcommitted_gpus(self) -> int:
+        """GPUs whose holders' shares add up to more than the GPU (VRAM over-committed)."""
+        return int((self.milli_free < 0).sum())
 
     # ---- bookkeeping -----------------------------------------------------------------------------
 
@@ -227,6 +291,10 @@ class Cluster:
         index = {u.uuid: j for j, u in enumerate(self.units[i])}
         for u in units:  # check every unit before changing any
             j = index[u.uuid]
+            if sign > 0 and self.shared[i]:
+                if len(self.on_unit[i][j]) >= self.replicas[i]:
+                    raise RuntimeError(f"{self.nodes[i].name}: every replica of {u.uuid} in use")
+                continue  # time-slicing: no memory isolation, a share may over-commit the GPU
             if sign > 0 and self.milli_free[i, j] < pod.gpu_milli:
                 raise RuntimeError(f"{self.nodes[i].name}: {u.uuid} already held by {self.held[i][u.uuid]}")
             if sign < 0 and pod.name not in self.on_unit[i][j]:
@@ -250,6 +318,8 @@ class Cluster:
                 self.held[i][u.uuid] = ",".join(pods)
             else:
                 self.held[i].pop(u.uuid, None)
+        if self.shared[i]:
+            self.replicas_used[i] += sign * len(units)
         self.cpu_free[i] -= sign * (pod.cpu_milli or 0)
         self.mem_free[i] -= sign * (pod.memory_mib or 0)
         self.version[i] += 1

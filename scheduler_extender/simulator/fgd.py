@@ -193,7 +193,10 @@ class FgdPolicy:
         return _sigmoid_score(before - self.fragmentation(left, cpu, model)), np.zeros(len(idx), dtype=np.int64)
 
     def feasible(self, pod: SimPod, cluster: Cluster) -> np.ndarray:
-        return cluster.fits_gpus(pod) & cluster.model_mask(pod.allowed_models) & cluster.fits_resources(pod)
+        ok = cluster.fits_gpus(pod) & cluster.model_mask(pod.allowed_models) & cluster.fits_resources(pod)
+        if pod.sharing and cluster.any_shared:  # FGD's own filter: a GPU with the share free (besides a replica)
+            ok &= cluster.milli_free.max(axis=1) >= pod.gpu_milli
+        return ok
 
     def choose(self, pod: SimPod, cluster: Cluster, rng: random.Random):  # noqa: ANN201 (baselines.Choice)
         self.bind(cluster, rng)

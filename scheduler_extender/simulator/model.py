@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from node_agent.inventory import NodeGPUInventory
 from scheduler_extender.core.catalog import Catalog, CatalogEntry, default_catalog
 from scheduler_extender.core.requirements import A_MODELS, NVIDIA_GPU
+from scheduler_extender.core.sharing import GpuSharing
 
 OBSERVED_AT = "2026-01-01T00:00:00Z"
 
@@ -92,6 +93,7 @@ class SimNode:
     cpu_milli: int | None = None
     memory_mib: int | None = None
     template: str = ""  # nodes with the same template share one inventory shape (same NodeView)
+    sharing: GpuSharing | None = None  # time-sliced by the device plugin (``simulator.device_plugin``)
 
 
 @dataclass(frozen=True)

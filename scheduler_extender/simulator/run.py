@@ -105,6 +105,7 @@ class Snapshot:
     arrived_ratio: float | None = None
     cpu_only_placed: int = 0
     cpu_only_unplaced: int = 0
+    overcommitted_gpus: int = 0  # GPUs whose holders' shares exceed them (time-sliced: the device plugin's choice)
 
 
 class Judge:
@@ -348,7 +349,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             stranded_by_model=by_model, stranded_by_cause=by_cause, allocated_gpu_milli=cluster.allocated_milli,
             arrived_ratio=arrived / cluster.capacity_milli,
             cpu_only_placed=sum(1 for p in placed if not p.pod.gpus),
-            cpu_only_unplaced=len(pending) - len(gpu_pending),
+            cpu_only_unplaced=len(pending) - len(gpu_pending), overcommitted_gpus=cluster.overcommitted_gpus,
         )
 
     endless = not isinstance(stream, Sequence)
@@ -361,6 +362,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             pending.append(pod)
         else:
             i, units = choice
+            units = cluster.granted(i, pod, units, rng)
             cheaper = judge.cheaper_free(pod, units, cluster)
             cluster.place(i, pod, units)
             placed.append(Placement(pod, i, units, 0.0, cheaper))
@@ -425,6 +427,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         if choice is None:
             return False
         i, units = choice
+        units = cluster.granted(i, pod, units, rng)
         cheaper = judge.cheaper_free(pod, units, cluster)
         cluster.place(i, pod, units)
         p = Placement(pod, i, units, t, cheaper)
@@ -472,6 +475,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         stranded_by_model=by_model, stranded_by_cause=by_cause,
         queue_delay_hours_mean=(sum(delays) / len(delays) / 3600) if delays else None,
         queue_delay_hours_max=(max(delays) / 3600) if delays else None,
+        overcommitted_gpus=cluster.overcommitted_gpus,
     )
 
 

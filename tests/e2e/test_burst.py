@@ -90,7 +90,7 @@ def burst_cluster(request, control_plane, api):
     args = ["--filter-returns-best"] if best_only else []
     replicas = [start_extender(control_plane.kubeconfig_path, control_plane.logs, extra_args=args) for _ in range(2)]
     service = TCPProxy([("127.0.0.1", r.port) for r in replicas], session_affinity=True,
-                       ready_checks=[_ready(r) for r in replicas]).start()
+                       ready_checks=[r.ready for r in replicas]).start()
     control_plane.add_scheduler(SchedulerSpec(name=scheduler, extender=ExtenderSpec(
         url_prefix=f"http://127.0.0.1:{service.port}", prioritize_verb=None if best_only else "prioritize")))
     yield {"scheduler": scheduler, "tag": tag, "shared": shared, "whole": whole, "replicas": replicas,
@@ -105,15 +105,6 @@ def burst_cluster(request, control_plane, api):
             core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
     for n in shared + failover + whole:
         core.delete_node(n)
-
-
-def _ready(replica):
-    def check() -> bool:
-        try:
-            return replica.proc.poll() is None and replica.get("/readyz")[0] == 200
-        except OSError:
-            return False
-    return check
 
 
 def test_a_burst_of_sharing_pods_never_over_commits_a_time_sliced_gpu(api, burst_cluster):

@@ -97,6 +97,13 @@ class ExtenderProcess:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def ready(self) -> bool:
+        """Alive and ``/readyz`` 200: a Service's readiness probe (``tcpproxy.TCPProxy`` ready_checks)."""
+        try:
+            return self.proc.poll() is None and self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
