@@ -380,7 +380,8 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
 
     units = view.units(resource)
     if view.sharing is not None and resource == NVIDIA_GPU:
-        return _shared_gpu_verdict(job, state.name, view.sharing, [units[i] for i in eligible_at], state.allocation)
+        return _shared_gpu_verdict(job, state.name, view.sharing, [units[i] for i in eligible_at], state.allocation,
+                                   any_replica=policy.sharing.replica_choice == "any")
 
     # Everything left can only be fixed by GPUs becoming free: resolvable.
     n = req.gpu_count
@@ -410,7 +411,7 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
 
 
 def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequence[Unit],
-                        alloc: NodeAllocation) -> NodeResult:
+                        alloc: NodeAllocation, any_replica: bool = False) -> NodeResult:
     """A one-GPU pod on a node whose GPUs the device plugin shares (``core.sharing``): it gets one
     replica of a GPU it cannot choose, so the node passes only if every GPU with a free replica
     can hold the pod's VRAM need (MPS: within one replica's enforced limit)."""
@@ -441,9 +442,9 @@ def _shared_gpu_verdict(job: Job, node: str, sharing: GpuSharing, eligible: Sequ
         return NodeResult(node, True, chosen=(with_room[0],))
     # Time-slicing: no memory isolation. The plugin hands out a replica of a GPU with the fewest in
     # use (ties in an order we cannot know); while a holder's GPU is unknown, so are the counts,
-    # and any GPU with a free replica may be the one.
+    # and any GPU with a free replica may be the one (policy sharing.replicaChoice: any, always).
     candidates = with_room
-    if not alloc.shared_unplaced:
+    if not alloc.shared_unplaced and not any_replica:
         fewest = min(len(held[u.uuid]) for u in with_room)
         candidates = [u for u in with_room if len(held[u.uuid]) == fewest]
     left = {u.uuid: u.memory_bytes - used_vram_bytes(u.memory_bytes, (*held[u.uuid], *alloc.shared_unplaced))

@@ -108,6 +108,15 @@ class InventorySettings(_Strict):
     on_stale: Literal["reject", "trust"] = Field(default="reject", alias="onStale")
 
 
+class SharingSettings(_Strict):
+    replica_choice: Literal["fewest-in-use", "any"] = Field(
+        default="fewest-in-use", alias="replicaChoice",
+        description="Which GPU of a time-sliced node the NVIDIA device plugin gives a one-replica pod: "
+        "fewest-in-use, its default allocation policy (distributed: a GPU with the fewest replicas in use, "
+        "internal/rm/allocate.go), so only those GPUs must hold the pod's VRAM need; any: every GPU with a "
+        "free replica must (safe whatever the plugin's allocation policy, e.g. packed; refuses more pods).")
+
+
 class EstimatorSection(_Strict):
     inference_overhead_ratio: float = Field(default=1.2, alias="inferenceOverheadRatio", ge=1)
     activation_reserve_ratio: float = Field(default=0.2, alias="activationReserveRatio", ge=0)
@@ -152,6 +161,7 @@ class Policy(_Strict):
     defaults: Defaults = Defaults()
     estimator: EstimatorSection = EstimatorSection()
     inventory: InventorySettings = InventorySettings()
+    sharing: SharingSettings = SharingSettings()
     catalog: dict[str, CatalogOverride] = Field(default_factory=dict,
                                                 description="Overrides keyed by catalog id.")
     unknown_model: UnknownModelSettings = Field(default=UnknownModelSettings(), alias="unknownModel")

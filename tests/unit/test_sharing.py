@@ -9,6 +9,7 @@ import pytest
 from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.policy import SharingSettings, load_policy
 from scheduler_extender.core.sharing import GpuSharing, node_gpu_sharing, sharing_labels
 from scheduler_extender.fast.grouped import GroupedEngine
 from tests.factories import gpu, inventory, pod
@@ -300,3 +301,18 @@ def test_holders_a_full_node_names_count_as_the_whole_gpu_since_their_needs_are_
     assert sent.allocation.shared == {g[0]["uuid"]: (None,)}
     got = ENGINE.filter(ENGINE.job(inference("b", vram="5Gi")), [sent], None)[0]
     assert not got.passed and "GPU 0: 0 GiB of 24 GiB VRAM left (1 pods share it)" in got.reason
+
+
+def test_policy_replica_choice_any_makes_every_gpu_with_a_free_replica_hold_the_need():
+    """For a device plugin configured to pack (or any allocation policy): ``sharing.replicaChoice: any``."""
+    gpus = [gpu(0, **RTX_4090), gpu(1, **RTX_4090)]
+    gpus[0]["allocatedTo"] = "default/a,default/b"
+    c = cluster(node_obj("ts", gpus, replicas=4))
+    c.replace_pods([bound(inference("a", "10Gi"), "ts"), bound(inference("b", "10Gi"), "ts")])
+    assert verdict(c, inference("big", "20Gi")).passed
+    policy = load_policy(None)
+    policy = policy.model_copy(update={"sharing": SharingSettings(replicaChoice="any")})
+    engine = Engine(policy, CAT)
+    refused = engine.filter(engine.job(inference("big", "20Gi")), [c.state("ts")], None)[0]
+    assert refused.reason.startswith("GPU 0: 4 GiB of 24 GiB VRAM left"), refused.reason
+    assert "any GPU with one free" in refused.reason
