@@ -277,9 +277,12 @@ class DevicePlugin:
     def figures(self, gpus: int) -> dict[str, Any]:
         with self._lock:
             used = sum(self.milli[k] for k in self.bound)
-            vram = sum(1 for units in self.holders.values() for u in units if sum(u.values()) > MILLI)
+            over = [u for units in self.holders.values() for u in units if sum(u.values()) > MILLI]
             return {"milli_allocation_ratio": used / (gpus * MILLI), "bound": len(self.bound),
-                    "vram_overcommitted_gpus": vram, "device_overcommits": self.device_overcommits}
+                    "vram_overcommitted_gpus": len(over), "vram_overcommitted_pods": sum(len(u) for u in over),
+                    # what the allocation ratio counts of pods on over-committed GPUs (each may run out of memory)
+                    "vram_overcommitted_milli_ratio": sum(m for u in over for m in u.values()) / (gpus * MILLI),
+                    "device_overcommits": self.device_overcommits}
 
 
 class PodWatch:
@@ -525,6 +528,8 @@ def simulate_same(fleet: Fleet, arrivals: list[SimPod], engine: Engine, shares: 
         {"share": s, "sim_milli_allocation_ratio": snaps[s].allocated_gpu_milli / capacity_milli,
          "sim_fgd_curve_milli_allocation_ratio": snaps[s].gpu_milli_allocation_ratio,
          "sim_vram_overcommitted_gpus": snaps[s].overcommitted_gpus,
+         "sim_vram_overcommitted_pods": snaps[s].overcommitted_pods,
+         "sim_vram_overcommitted_milli_ratio": snaps[s].overcommitted_milli / capacity_milli,
          "sim_pending": snaps[s].unplaced + snaps[s].cpu_only_unplaced} for s in shares]}
 
 
@@ -598,6 +603,8 @@ def merged(report: dict[str, Any], shares: Sequence[float]) -> list[dict[str, An
             b = report["kube_scheduler"]["shares"][k]
             row.update({"kube_scheduler_milli_allocation_ratio": b["milli_allocation_ratio"],
                         "kube_scheduler_vram_overcommitted_gpus": b["vram_overcommitted_gpus"],
+                        "kube_scheduler_vram_overcommitted_pods": b["vram_overcommitted_pods"],
+                        "kube_scheduler_vram_overcommitted_milli_ratio": b["vram_overcommitted_milli_ratio"],
                         "kube_scheduler_pending": b["pending"]})
         out.append(row)
     return out

@@ -2,7 +2,7 @@
 """Probes behind the README's "How gpuplace got ahead" (Simulate before you deploy): where a
 policy's GPUs went on an openb pod list, one seed, in fill mode, as ``gpuplace simulate`` runs it.
 
-    python hack/sim-probe.py --pods ../shared/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
+    python hack/sim-probe.py --pods benchmarks/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
         --policy gpuplace --until 1.0
     python hack/sim-probe.py --pods .../openb_pod_list_multigpu50.csv --policy fgd --until 0.6 --big-cores 120
 

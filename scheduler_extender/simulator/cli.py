@@ -19,7 +19,7 @@ LLM_TARGET_PODS = 5000
 EPILOG = """\
 examples:
   # Alibaba openb trace (FGD, ATC'23), fill mode at 100% and 130% of the fleet's GPUs
-  gpuplace simulate --trace openb --pods ../shared/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
+  gpuplace simulate --trace openb --pods benchmarks/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
       --policy default --baselines all --load 1.0,1.3
   # generated LLM workload on the built-in mixed fleet, JSON and charts
   gpuplace simulate --trace llm --fleet mixed --load 0.8,1.0,1.3 --json sim.json --charts docs/sim

@@ -285,6 +285,16 @@ class Cluster:
         """GPUs whose holders' shares add up to more than the GPU (VRAM over-committed)."""
         return int((self.milli_free < 0).sum())
 
+    @property
+    def overcommitted_pods(self) -> int:
+        """Pods holding a share of an over-committed GPU: each risks running out of memory."""
+        return sum(len(self.on_unit[i][j]) for i, j in zip(*np.nonzero(self.milli_free < 0)))
+
+    @property
+    def overcommitted_milli(self) -> int:
+        """Milli-GPUs those pods asked for (a pod on a shared GPU holds that one GPU only)."""
+        return sum(sum(self.on_unit[i][j].values()) for i, j in zip(*np.nonzero(self.milli_free < 0)))
+
     # ---- bookkeeping -----------------------------------------------------------------------------
 
     def _take(self, i: int, pod: SimPod, units: Sequence[Unit], sign: int) -> None:

@@ -33,7 +33,8 @@ from scheduler_extender.simulator.run import STRANDED_CAUSES, RunResult, Snapsho
 METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "placed", "unplaced", "oom_risk",
            "premium_gpu_hours_wasted", "premium_gpu_hours_fit_cheaper", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
            "allocated_gpu_milli", "arrived_ratio", "cpu_only_placed", "cpu_only_unplaced",
-           "queue_delay_hours_mean", "queue_delay_hours_max", "overcommitted_gpus")
+           "queue_delay_hours_mean", "queue_delay_hours_max", "overcommitted_gpus",
+           "overcommitted_pods", "overcommitted_milli")
 
 
 def load_key(load: float) -> str:
@@ -110,7 +111,7 @@ def render_table(result: RunResult) -> str:
         cols.append("queue h (mean)")
     device_plugin = result.meta.get("sharing") == "device-plugin"
     if device_plugin:
-        cols.append("over-committed GPUs")
+        cols.append("over-committed GPUs (pods)")
     rows = []
     for name, by_load in doc["policies"].items():
         for load, a in by_load.items():
@@ -128,7 +129,8 @@ def render_table(result: RunResult) -> str:
             if mode == "replay":
                 row.append(_fmt(a["queue_delay_hours_mean"], sp["queue_delay_hours_mean"], ".2f"))
             if device_plugin:
-                row.append(_fmt(a["overcommitted_gpus"], sp["overcommitted_gpus"], ".0f"))
+                row.append(f'{_fmt(a["overcommitted_gpus"], sp["overcommitted_gpus"], ".0f")} '
+                           f'({_fmt(a["overcommitted_pods"], sp["overcommitted_pods"], ".0f")})')
             rows.append(row)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
@@ -140,7 +142,7 @@ def render_table(result: RunResult) -> str:
                + (", mean over the pods whose arrived share rounds to the load" if mode != "replay" else "")
                + "; occupied: GPUs with any share taken / GPUs"
                + ("; over-committed GPUs: time-sliced GPUs whose holders' shares exceed them (the device plugin "
-                  "picks the GPU)" if device_plugin else ""))
+                  "picks the GPU), and the pods on them" if device_plugin else ""))
     out.append(f"seeds {', '.join(map(str, result.seeds))}; run time per policy: {secs}; "
                f"total {sum(result.seconds.values()):.1f} s")
     return "\n".join(out)

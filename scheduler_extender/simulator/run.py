@@ -106,6 +106,8 @@ class Snapshot:
     cpu_only_placed: int = 0
     cpu_only_unplaced: int = 0
     overcommitted_gpus: int = 0  # GPUs whose holders' shares exceed them (time-sliced: the device plugin's choice)
+    overcommitted_pods: int = 0  # the pods holding shares of those GPUs
+    overcommitted_milli: int = 0  # the milli-GPUs they asked for
 
 
 class Judge:
@@ -350,6 +352,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             arrived_ratio=arrived / cluster.capacity_milli,
             cpu_only_placed=sum(1 for p in placed if not p.pod.gpus),
             cpu_only_unplaced=len(pending) - len(gpu_pending), overcommitted_gpus=cluster.overcommitted_gpus,
+            overcommitted_pods=cluster.overcommitted_pods, overcommitted_milli=cluster.overcommitted_milli,
         )
 
     endless = not isinstance(stream, Sequence)
@@ -475,7 +478,8 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         stranded_by_model=by_model, stranded_by_cause=by_cause,
         queue_delay_hours_mean=(sum(delays) / len(delays) / 3600) if delays else None,
         queue_delay_hours_max=(max(delays) / 3600) if delays else None,
-        overcommitted_gpus=cluster.overcommitted_gpus,
+        overcommitted_gpus=cluster.overcommitted_gpus, overcommitted_pods=cluster.overcommitted_pods,
+        overcommitted_milli=cluster.overcommitted_milli,
     )
 
 
