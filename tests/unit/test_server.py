@@ -345,3 +345,27 @@ def test_read_body_gives_the_budget_back_when_a_body_is_refused_or_abandoned():
     budget.give(950)
     request, _ = _request([b"ab", b"cd"])
     assert asyncio.run(read_body(request, 250, budget)) == b"abcd" and budget.used == 4
+
+
+def test_a_catalog_file_adds_gpu_models_the_extender_then_knows_and_a_bad_one_stops_start_up(tmp_path):
+    from benchmarks.bench_replay import stand_in_rows
+    from tests.factories import gpu, inventory
+    inv_dir = tmp_path / "inv"
+    inv_dir.mkdir()
+    (inv_dir / "g2.json").write_text(json.dumps(inventory("g2", [gpu(0, name="G2 (stand-in)", memory_mib=24576)])))
+    rows = tmp_path / "rows.yaml"
+    rows.write_text(stand_in_rows())
+    p = pod({"gpuplace.io/gpu-models": "G2"}, name="wants-g2")
+
+    def filter_once(*args):
+        with static_extender(*args, inventory_dir=inv_dir) as url:
+            req = urllib.request.Request(f"{url}/filter", data=json.dumps({"Pod": p, "NodeNames": ["g2"]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
+    assert filter_once("--catalog-file", str(rows))["NodeNames"] == ["g2"]
+    assert "unknown GPU model 'G2'" in filter_once()["FailedAndUnresolvableNodes"]["g2"]  # without the rows
+    rows.write_text("- {id: x}\n")
+    proc = subprocess.run([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(inv_dir),
+                           "--catalog-file", str(rows)], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and f"--catalog-file {rows}" in proc.stderr
