@@ -1,8 +1,8 @@
 """The ``NodeGPUInventory`` contract: what the node agent reports about a node's GPUs.
 
-This is contract 1 of ``DESIGN.md``: the value of the Node annotation ``gpuplace.io/inventory``
+The contract between the agent and the extender: the value of the Node annotation ``gpuplace.io/inventory``
 and the file format of the extender's static mode (``--inventory-dir``). JSON keys are camelCase
-as in DESIGN.md; Python attributes are snake_case. Unknown keys are ignored (forward
+as the agent writes them; Python attributes are snake_case. Unknown keys are ignored (forward
 compatibility), required keys are enforced. A value the agent could not read stays ``None``
 (unknown), never 0: a scheduler must not mistake "not measured" for "none".
 
@@ -88,7 +88,7 @@ class GPU(_Model):
     health_reasons: list[str] = Field(
         default_factory=list,
         alias="healthReasons",
-        description="Why the agent marked the GPU unhealthy (extension of DESIGN.md).",
+        description="Why the agent marked the GPU unhealthy (added after the first version of the schema).",
     )
     compute_partition: str | None = Field(
         default=None, alias="computePartition",

@@ -1,4 +1,4 @@
-"""The platform team's placement policy (contract 4 of DESIGN.md).
+"""The platform team's placement policy (README, "The policy").
 
 One YAML document, validated by pydantic; ``gpuplace policy schema`` prints its JSON Schema.
 It names catalog overrides (cost, tier), size classes with the models and MIG profiles each may

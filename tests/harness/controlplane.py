@@ -2,7 +2,7 @@
 
 What it runs: etcd, kube-apiserver and one kube-scheduler per :class:`SchedulerSpec`, all
 built from source by ``hack/build-control-plane.sh`` and cached by version outside the
-repository (see DESIGN.md, "Real components"). There is no kubelet and no
+repository. There is no kubelet and no
 controller-manager: nodes are plain Node objects whose ``status.allocatable`` is set by
 :func:`create_node`, and kube-scheduler's decision is visible as the pod's ``spec.nodeName``.
 

@@ -19,7 +19,7 @@
   :mod:`tests.harness.fake_device_plugin` advertising ``nvidia.com/gpu`` and MIG devices;
 * **images** imported into containerd from docker-archive tarballs (nothing is pulled).
 
-Settings this machine needs are in ``shared/notes/real-node.md``; each is commented where it is set.
+Each setting the development machine needs is commented where it is set.
 :meth:`RealCluster.stop` stops every process it started (and every container and shim they
 started), removes the namespace, the veth pair, the cgroups and the directories it created, and
 restores the host sysctls the kubelet rewrites; it runs also when a test fails, and at exit.
