@@ -153,7 +153,7 @@ def pod_body(p: SimPod, fleet: Fleet, scheduler: str) -> dict[str, Any]:
     """The v1.Pod of an arrival (module docstring)."""
     m = p.manifest(NAMESPACE)
     m["metadata"].pop("uid", None)
-    m["metadata"]["name"] = p.name.lower()
+    m["metadata"]["name"] = re.sub(r"[^a-z0-9.-]", "-", p.name.lower()).strip("-.")[:253]  # a DNS-1123 name
     container = m["spec"]["containers"][0]
     container["image"] = "registry.k8s.io/pause:3.10"
     if not p.gpus:
