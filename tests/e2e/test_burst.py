@@ -8,7 +8,8 @@ so the extender holds each pod it sent to a node in its books until the binding 
   do not fit stay Pending with the VRAM reason. Before reservations, three to five of six GPUs
   were given four pods in such bursts.
 - 40 one-GPU pods at once against 4 nodes of 8 whole A100s: 32 bound, each node's extender books
-  show no GPU held twice.
+  show no GPU held twice; 30 pods asking a ``1g.10gb`` MIG device against 3 A100s of seven: 21 bound,
+  none held twice.
 - 45 sharing pods against 10 more such GPUs, the replica serving the scheduler killed (SIGKILL)
   after about ten bindings: 30 bound, three per GPU, the rest Pending with the VRAM reason.
 
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.e2e
 SHARED_NODES, SHARED_PODS = 20, 100
 WHOLE_NODES, WHOLE_PODS = 4, 40
 FAILOVER_NODES, FAILOVER_PODS = 10, 45
+MIG_NODES, MIG_PODS = 3, 30
+MIG_1G = "nvidia.com/mig-1g.10gb"
 RTX_4090 = {"name": "NVIDIA GeForce RTX 4090", "memoryMiB": 24564, "computeCapability": "8.9", "eccEnabled": False}
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "computeCapability": "8.0", "eccEnabled": True}
 
@@ -45,12 +48,21 @@ def inventory(node: str, model: dict, count: int) -> dict:
                      for i in range(count)]}
 
 
-def gpu_pod(name: str, scheduler: str, pool: str, annotations: dict) -> dict:
+def mig_inventory(node: str) -> dict:
+    """One A100 80GB partitioned into seven 1g.10gb MIG devices, the mixed strategy."""
+    doc = inventory(node, A100, 1)
+    doc["migStrategy"] = "mixed"
+    doc["gpus"][0].update(migEnabled=True, migDevices=[
+        {"uuid": f"MIG-{node}-{k}", "profile": "1g.10gb", "memoryMiB": 9856} for k in range(7)])
+    return doc
+
+
+def gpu_pod(name: str, scheduler: str, pool: str, annotations: dict, resource: str = "nvidia.com/gpu") -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
             "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
                      "nodeSelector": {"gpuplace-e2e/pool": pool},
                      "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+                                     "resources": {"limits": {resource: "1"}}}]}}
 
 
 def settle(api, names: list[str], *, quiet_seconds: float = 8, timeout: float = 240) -> dict[str, str | None]:
@@ -78,6 +90,7 @@ def burst_cluster(request, control_plane, api):
     shared = [f"{tag}-ts-{i}" for i in range(SHARED_NODES)]
     failover = [f"{tag}-fo-{i}" for i in range(FAILOVER_NODES)]
     whole = [f"{tag}-a100-{i}" for i in range(WHOLE_NODES)]
+    mig = [f"{tag}-mig-{i}" for i in range(MIG_NODES)]
     for pool, nodes in (("shared", shared), ("failover", failover)):
         for n in nodes:
             create_node(api, n, {"nvidia.com/gpu": "4"}, labels={
@@ -87,13 +100,16 @@ def burst_cluster(request, control_plane, api):
     for n in whole:
         create_node(api, n, {"nvidia.com/gpu": "8"}, labels={"gpuplace-e2e/pool": f"{tag}-whole"})
         publish_inventory_direct(api, n, inventory(n, A100, 8))
+    for n in mig:
+        create_node(api, n, {MIG_1G: "7"}, labels={"gpuplace-e2e/pool": f"{tag}-mig"})
+        publish_inventory_direct(api, n, mig_inventory(n))
     args = ["--filter-returns-best"] if best_only else []
     replicas = [start_extender(control_plane.kubeconfig_path, control_plane.logs, extra_args=args) for _ in range(2)]
     service = TCPProxy([("127.0.0.1", r.port) for r in replicas], session_affinity=True,
                        ready_checks=[r.ready for r in replicas]).start()
     control_plane.add_scheduler(SchedulerSpec(name=scheduler, extender=ExtenderSpec(
         url_prefix=f"http://127.0.0.1:{service.port}", prioritize_verb=None if best_only else "prioritize")))
-    yield {"scheduler": scheduler, "tag": tag, "shared": shared, "whole": whole, "replicas": replicas,
+    yield {"scheduler": scheduler, "tag": tag, "shared": shared, "whole": whole, "mig": mig, "replicas": replicas,
            "service": service}
     control_plane.stop_scheduler(scheduler)
     service.stop()
@@ -103,7 +119,7 @@ def burst_cluster(request, control_plane, api):
     for p in core.list_namespaced_pod("default").items:
         if p.spec.scheduler_name == scheduler:
             core.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
-    for n in shared + failover + whole:
+    for n in shared + failover + whole + mig:
         core.delete_node(n)
 
 
@@ -139,6 +155,20 @@ def test_a_burst_of_whole_gpu_pods_binds_each_gpu_once(api, burst_cluster):
         for n in c["whole"]:
             gpus = books[n]["resources"]["nvidia.com/gpu"]
             assert gpus["held"] <= gpus["allocatable"] == 8, (n, gpus)
+
+
+def test_a_burst_of_mig_pods_takes_each_mig_device_once_in_the_extenders_books(api, burst_cluster):
+    c = burst_cluster
+    names = [f"{c['tag']}-mig-pod-{i}" for i in range(MIG_PODS)]
+    create_pods(api, [gpu_pod(n, c["scheduler"], f"{c['tag']}-mig", {"gpuplace.io/vram": "5Gi"}, MIG_1G) for n in names])
+    placed = settle(api, names)
+    per_node = Counter(v for v in placed.values() if v)
+    assert sum(per_node.values()) == 7 * MIG_NODES and max(per_node.values()) <= 7, per_node
+    for r in c["replicas"]:
+        books = json.loads(r.get("/debug/allocations")[1])["nodes"]
+        for n in c["mig"]:
+            devices = books[n]["resources"][MIG_1G]
+            assert devices["held"] == devices["allocatable"] == 7, (n, devices)  # each bound pod counted once
 
 
 def test_the_replica_serving_the_scheduler_killed_mid_burst_loses_no_pod_and_over_commits_nothing(api, burst_cluster):
