@@ -551,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="SIGKILL the extender replica serving the scheduler during the share after this one")
     ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                     help="also replay with kube-scheduler's default profile and no extender (default on)")
+    ap.add_argument("--gpuplace", action=argparse.BooleanOptionalAction, default=True,
+                    help="replay with gpuplace (default on; --no-gpuplace: kube-scheduler alone, with --baseline)")
     ap.add_argument("--sim", action=argparse.BooleanOptionalAction, default=True,
                     help="also run gpuplace simulate's cluster sharing mode on the same pods (default on)")
     ap.add_argument("--settle-seconds", type=float, default=8, help="no binding for this long: settled (default 8)")
@@ -558,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the emulated agent publishes allocations within this (default 0.5)")
     ap.add_argument("--limit-pods", type=int, default=None, help="replay only the first N arrivals (a small run)")
     args = ap.parse_args(argv)
+    if not (args.gpuplace or args.baseline):
+        ap.error("--no-gpuplace with --no-baseline replays nothing")
     rate = None if args.rate == "burst" else float(args.rate)
     shares = sorted(float(s) for s in args.shares.split(",") if s.strip())
     fleet, arrivals, engine = load(args.pods, args.fleet, args.seed, args.time_sliced_share, args.replicas, args.limit_pods)
@@ -575,8 +579,9 @@ def main(argv: list[str] | None = None) -> int:
             report["simulator"] = simulate_same(fleet, arrivals, engine, shares, args.seed)
             print(f"  simulator: {report['simulator']['seconds']} s", file=sys.stderr)
         kw = dict(rate=rate, seed=args.seed, settle_seconds=args.settle_seconds, publish_seconds=args.publish_seconds)
-        report["gpuplace"] = replay_once(Path(tmp) / "gpuplace", fleet, arrivals, bounds, shares, with_extender=True,
-                                         kill_at=args.kill_replica_at, **kw)
+        if args.gpuplace:
+            report["gpuplace"] = replay_once(Path(tmp) / "gpuplace", fleet, arrivals, bounds, shares,
+                                             with_extender=True, kill_at=args.kill_replica_at, **kw)
         if args.baseline:
             report["kube_scheduler"] = replay_once(Path(tmp) / "plain", fleet, arrivals, bounds, shares,
                                                    with_extender=False, kill_at=None, **kw)
@@ -594,9 +599,10 @@ def merged(report: dict[str, Any], shares: Sequence[float]) -> list[dict[str, An
     out = []
     for k, s in enumerate(shares):
         row: dict[str, Any] = {"share": s}
-        g = report["gpuplace"]["shares"][k]
-        row.update({key: g[key] for key in ("pods_arrived", "milli_allocation_ratio", "vram_overcommitted_gpus",
-                                            "device_overcommits", "pending")})
+        if "gpuplace" in report:
+            g = report["gpuplace"]["shares"][k]
+            row.update({key: g[key] for key in ("pods_arrived", "milli_allocation_ratio", "vram_overcommitted_gpus",
+                                                "device_overcommits", "pending")})
         if "simulator" in report:
             row.update({key: v for key, v in report["simulator"]["shares"][k].items() if key != "share"})
         if "kube_scheduler" in report:
@@ -615,11 +621,11 @@ def table(report: dict[str, Any]) -> str:
     rows = []
     for r in report["by_share"]:
         pct = lambda v: "-" if v is None else f"{v:.2%}"  # noqa: E731
-        rows.append([f"{r['share']:.0%}", pct(r["milli_allocation_ratio"]), pct(r.get("sim_milli_allocation_ratio")),
+        rows.append([f"{r['share']:.0%}", pct(r.get("milli_allocation_ratio")), pct(r.get("sim_milli_allocation_ratio")),
                      pct(r.get("kube_scheduler_milli_allocation_ratio")),
-                     f"{r['vram_overcommitted_gpus']}/{r.get('kube_scheduler_vram_overcommitted_gpus', '-')}",
-                     str(r["device_overcommits"]),
-                     f"{r['pending']}/{r.get('sim_pending', '-')}/{r.get('kube_scheduler_pending', '-')}"])
+                     f"{r.get('vram_overcommitted_gpus', '-')}/{r.get('kube_scheduler_vram_overcommitted_gpus', '-')}",
+                     str(r.get("device_overcommits", "-")),
+                     f"{r.get('pending', '-')}/{r.get('sim_pending', '-')}/{r.get('kube_scheduler_pending', '-')}"])
     widths = [max(len(c), *(len(x[i]) for x in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows)])
