@@ -106,13 +106,30 @@ def test_malformed_body_gets_400_with_a_json_error_and_the_server_keeps_serving(
     assert post(client, "filter", pod({}))["NodeNames"]
 
 
+def rejections(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "gpuplace_extender_node_rejections")
+    return {s.labels["criterion"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_every_criterion_has_its_rejection_series_from_the_start():
+    from scheduler_extender.core.filter import CRITERIA
+    service = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
+    with TestClient(create_app(service)) as fresh:
+        before = rejections(fresh.get("/metrics").text)
+        assert set(before) == set(CRITERIA) and not any(before.values())
+        post(fresh, "filter", pod({"gpuplace.io/vram": "200Gi"}))
+        after = rejections(fresh.get("/metrics").text)
+    assert after["vram"] > 0 and sum(after.values()) >= len(NODES)  # no example GPU has 200 GiB: every node fails
+
+
 def test_health_readiness_and_metrics(client):
     assert client.get("/healthz").text == "ok"
     assert client.get("/readyz").status_code == 200
     post(client, "filter", pod({"gpuplace.io/vram": "200Gi"}))
     text = client.get("/metrics").text
     assert 'gpuplace_extender_requests_total{code="200",verb="filter"}' in text
-    assert 'gpuplace_extender_node_rejections_total{criterion="vram"}' in text
+    assert rejections(text)["vram"] > 0
     assert "gpuplace_extender_request_duration_seconds_bucket" in text
 
 
