@@ -143,32 +143,28 @@ def test_a_burst_of_sharing_pods_never_over_commits_a_time_sliced_gpu(api, burst
         assert "VRAM left" in message, message
 
 
-def test_a_burst_of_whole_gpu_pods_binds_each_gpu_once(api, burst_cluster):
-    c = burst_cluster
-    names = [f"{c['tag']}-whole-{i}" for i in range(WHOLE_PODS)]
-    create_pods(api, [gpu_pod(n, c["scheduler"], f"{c['tag']}-whole", {"gpuplace.io/vram": "20Gi"}) for n in names])
+def burst_of_device_pods(api, c, pool: str, count: int, per_node: int, annotations: dict, resource: str) -> None:
+    """``count`` pods asking one ``resource`` device at once against ``c[pool]``'s nodes of
+    ``per_node`` devices each: every device bound once, and both replicas' books count each bound
+    pod once (``held`` == ``allocatable`` on every node)."""
+    names = [f"{c['tag']}-{pool}-pod-{i}" for i in range(count)]
+    create_pods(api, [gpu_pod(n, c["scheduler"], f"{c['tag']}-{pool}", annotations, resource) for n in names])
     placed = settle(api, names)
-    per_node = Counter(v for v in placed.values() if v)
-    assert sum(per_node.values()) == 8 * WHOLE_NODES and max(per_node.values()) <= 8, per_node
+    bound = Counter(v for v in placed.values() if v)
+    assert sum(bound.values()) == per_node * len(c[pool]) and max(bound.values()) <= per_node, bound
     for r in c["replicas"]:
         books = json.loads(r.get("/debug/allocations")[1])["nodes"]
-        for n in c["whole"]:
-            gpus = books[n]["resources"]["nvidia.com/gpu"]
-            assert gpus["held"] <= gpus["allocatable"] == 8, (n, gpus)
+        for n in c[pool]:
+            devices = books[n]["resources"][resource]
+            assert devices["held"] == devices["allocatable"] == per_node, (n, devices)
+
+
+def test_a_burst_of_whole_gpu_pods_binds_each_gpu_once(api, burst_cluster):
+    burst_of_device_pods(api, burst_cluster, "whole", WHOLE_PODS, 8, {"gpuplace.io/vram": "20Gi"}, "nvidia.com/gpu")
 
 
 def test_a_burst_of_mig_pods_takes_each_mig_device_once_in_the_extenders_books(api, burst_cluster):
-    c = burst_cluster
-    names = [f"{c['tag']}-mig-pod-{i}" for i in range(MIG_PODS)]
-    create_pods(api, [gpu_pod(n, c["scheduler"], f"{c['tag']}-mig", {"gpuplace.io/vram": "5Gi"}, MIG_1G) for n in names])
-    placed = settle(api, names)
-    per_node = Counter(v for v in placed.values() if v)
-    assert sum(per_node.values()) == 7 * MIG_NODES and max(per_node.values()) <= 7, per_node
-    for r in c["replicas"]:
-        books = json.loads(r.get("/debug/allocations")[1])["nodes"]
-        for n in c["mig"]:
-            devices = books[n]["resources"][MIG_1G]
-            assert devices["held"] == devices["allocatable"] == 7, (n, devices)  # each bound pod counted once
+    burst_of_device_pods(api, burst_cluster, "mig", MIG_PODS, 7, {"gpuplace.io/vram": "5Gi"}, MIG_1G)
 
 
 def test_the_replica_serving_the_scheduler_killed_mid_burst_loses_no_pod_and_over_commits_nothing(api, burst_cluster):
