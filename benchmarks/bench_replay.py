@@ -66,8 +66,8 @@ from typing import Any, Sequence
 import orjson
 import yaml
 from kubernetes import client as k8s
-from kubernetes.watch.watch import iter_resp_lines
 
+from benchmarks.bench_scheduler import BindingWatch
 from benchmarks.common import describe_machine, machine
 from node_agent.inventory import ANNOTATION
 from scheduler_extender.core.catalog import default_catalog
@@ -77,6 +77,7 @@ from scheduler_extender.core.requirements import NVIDIA_GPU
 from scheduler_extender.core.sharing import SHARING_STRATEGY_LABEL
 from scheduler_extender.simulator import device_plugin
 from scheduler_extender.simulator.baselines import GpuplacePolicy
+from scheduler_extender.simulator.cli import parse_share
 from scheduler_extender.simulator.cluster import MILLI, Cluster
 from scheduler_extender.simulator.model import SimNode, SimPod, simulation_catalog
 from scheduler_extender.simulator.run import fgd_arrivals, run_fill
@@ -134,11 +135,9 @@ def load(pods_csv: str, fleet_csv: str, seed: int, share: str, replicas: int, li
     engine = Engine(policy, catalog)
     nodes = load_fleet(fleet_csv, catalog)
     trace, _ = openb_pods(pods_csv, catalog, cpu_only=True)
-    frac = device_plugin.sharing_share(trace) if share == "auto" else float(share)
-    nodes = device_plugin.cluster_fleet(nodes, frac, replicas)
-    cls = device_plugin.sharing_class(policy)
+    nodes, trace, frac = device_plugin.cluster_model(nodes, trace, policy, parse_share(share), replicas)
     capacity_milli = Cluster(nodes, catalog, policy).capacity_milli
-    arrivals = [device_plugin.cluster_pod(p, cls) for p in fgd_arrivals(trace, seed, 1.0, capacity_milli)]
+    arrivals = fgd_arrivals(trace, seed, 1.0, capacity_milli)
     if limit:
         arrivals = arrivals[:limit]
     fleet = Fleet(nodes, frac, replicas)
@@ -210,23 +209,21 @@ class DevicePlugin:
         self._lock = threading.Lock()
         self.publish_seconds, self.heartbeat_seconds = publish_seconds, heartbeat_seconds
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._publish_loop, daemon=True)]
+        self._publisher = threading.Thread(target=self._publish_loop, daemon=True)
 
     def start(self) -> DevicePlugin:
-        for t in self._threads:
-            t.start()
+        self._publisher.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
 
     def on_bound(self, pod: dict[str, Any]) -> None:
+        """A pod bound to a node (once per pod: ``BindingWatch``): give it its GPUs or replica."""
         meta, spec = pod["metadata"], pod["spec"]
         key = f"{meta['namespace']}/{meta['name']}"
         node = spec["nodeName"]
         with self._lock:
-            if key in self.bound:
-                return
             self.bound[key] = node
             self.bound_at.append(time.monotonic())
             gpus = sum(int((c.get("resources") or {}).get("limits", {}).get(NVIDIA_GPU, 0)) for c in spec["containers"])
@@ -283,38 +280,6 @@ class DevicePlugin:
                     # what the allocation ratio counts of pods on over-committed GPUs (each may run out of memory)
                     "vram_overcommitted_milli_ratio": sum(m for u in over for m in u.values()) / (gpus * MILLI),
                     "device_overcommits": self.device_overcommits}
-
-
-class PodWatch:
-    """Feeds every binding of the namespace's pods to ``DevicePlugin.on_bound``."""
-
-    def __init__(self, api: k8s.ApiClient, plugin: DevicePlugin) -> None:
-        self.core = k8s.CoreV1Api(api)
-        self.plugin = plugin
-        self._rv = orjson.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["metadata"]["resourceVersion"]
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                resp = self.core.list_namespaced_pod(NAMESPACE, watch=True, resource_version=self._rv,
-                                                     timeout_seconds=60, _preload_content=False)
-                for line in iter_resp_lines(resp):
-                    if self._stop.is_set():
-                        return
-                    if not line:
-                        continue
-                    ev = orjson.loads(line)
-                    obj = ev.get("object") or {}
-                    self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
-                    if ev.get("type") in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
-                        self.plugin.on_bound(obj)
-            except Exception:  # noqa: BLE001 - a closed stream is watched again
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 # ---- one replay -----------------------------------------------------------------------------------
@@ -392,7 +357,7 @@ def replay_once(work: Path, fleet: Fleet, arrivals: list[SimPod], bounds: list[i
             config["profiles"][0]["schedulerName"] = scheduler
             cp.add_scheduler(SchedulerSpec(name=scheduler, config=config))
         plugin = DevicePlugin(api, fleet, seed, publish_seconds).start()
-        watch = PodWatch(api, plugin)
+        watch = BindingWatch(cp, NAMESPACE, on_bound=plugin.on_bound)
         bodies = [pod_body(p, fleet, scheduler) for p in arrivals]
         rows: list[dict[str, Any]] = []
         killed: dict[str, Any] | None = None

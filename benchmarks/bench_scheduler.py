@@ -36,7 +36,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from kubernetes import client as k8s
@@ -94,11 +94,15 @@ class BindingWatch:
 
     Started before the scheduler, so every binding arrives as a watch event; the times are this
     process's clock when the event arrived (loopback: a millisecond or so after the binding).
+    ``on_bound``, when given, is called with each newly bound pod (the decoded object), on the
+    watch's thread.
     """
 
-    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+    def __init__(self, cp: ControlPlane, namespace: str,
+                 on_bound: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.core = k8s.CoreV1Api(cp.api_client())
         self.namespace = namespace
+        self.on_bound = on_bound
         self.bound_at: dict[str, float] = {}
         self.node_of: dict[str, str] = {}  # pod name -> the node it was bound to
         listed = orjson.loads(self.core.list_namespaced_pod(namespace, _preload_content=False).data)
@@ -130,6 +134,8 @@ class BindingWatch:
             if (obj.get("spec") or {}).get("nodeName") and meta.get("name") not in self.bound_at:
                 self.bound_at[meta["name"]] = time.perf_counter()
                 self.node_of[meta["name"]] = obj["spec"]["nodeName"]
+                if self.on_bound is not None:
+                    self.on_bound(obj)
         resp.release_conn()
 
     def stop(self) -> None:

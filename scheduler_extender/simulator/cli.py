@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 DEFAULT_OPENB_NODES = "openb_node_list_gpu_node.csv"
 LLM_TARGET_PODS = 5000
@@ -132,8 +132,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from scheduler_extender.simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
     from scheduler_extender.simulator.workload import llm_pods, rate_for_load
 
-    from scheduler_extender.simulator import device_plugin
-
     try:
         loads = _loads(args.load)
         baselines = _baselines(args.baselines)
@@ -171,14 +169,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"gpuplace simulate: {e}", file=sys.stderr)
         return 2
     try:
-        share = sharing_setup(args, policy, trace)
+        nodes, trace, share, replicas = sharing_setup(args, policy, nodes, trace)
     except ValueError as e:
         print(f"gpuplace simulate: {e}", file=sys.stderr)
         return 2
-    if share is not None:
-        nodes = device_plugin.cluster_fleet(nodes, share, args.replicas or device_plugin.DEFAULT_REPLICAS)
-        cls = device_plugin.sharing_class(policy)
-        trace = [device_plugin.cluster_pod(p, cls) for p in trace]
     capacity = sum(len(n.inventory.gpus) for n in nodes)
     capacity_milli = Cluster(nodes, catalog, policy).capacity_milli  # units (MIG devices count) x 1000
     cpu_only = sum(1 for p in trace if not p.gpus)
@@ -219,7 +213,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "cpu_only_pods_to_extender": args.cpu_only_pods,
                    "sharing": args.sharing, "time_sliced_share": share,
                    "time_sliced_nodes": sum(1 for n in nodes if n.sharing is not None),
-                   "replicas": (args.replicas or device_plugin.DEFAULT_REPLICAS) if share is not None else None,
+                   "replicas": replicas,
                    "policy": args.policy, "loads": [report.load_key(l) for l in loads],
                    "title": f"({args.trace}, {args.mode})"}
     print(report.render_table(result))
@@ -237,21 +231,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def sharing_setup(args: argparse.Namespace, policy: Any, trace: Sequence[Any]) -> float | None:
-    """The time-sliced share of ``--sharing device-plugin`` (None for ``scheduler``); ValueError
-    names the option and the accepted form."""
+def sharing_setup(args: argparse.Namespace, policy: Any, nodes: list[Any], trace: list[Any]
+                  ) -> tuple[list[Any], list[Any], float | None, int | None]:
+    """(nodes, pods, time-sliced share, replicas) under ``--sharing``: unchanged with None, None
+    for ``scheduler``; ``device_plugin.cluster_model`` for ``device-plugin``. ValueError names the
+    option and the accepted form."""
     from scheduler_extender.simulator import device_plugin
     if args.sharing != "device-plugin":
         if args.replicas is not None or args.time_sliced_share != "auto":
             raise ValueError("--replicas and --time-sliced-share apply with --sharing device-plugin only")
+        return nodes, trace, None, None
+    share = parse_share(args.time_sliced_share)
+    replicas = args.replicas or device_plugin.DEFAULT_REPLICAS
+    return (*device_plugin.cluster_model(nodes, trace, policy, share, replicas), replicas)
+
+
+def parse_share(text: str) -> float | None:
+    """``--time-sliced-share``: None for ``auto``, else a number from 0 to 1 (ValueError otherwise)."""
+    if text == "auto":
         return None
-    device_plugin.sharing_class(policy)  # raises when no class may share
-    if args.time_sliced_share == "auto":
-        return device_plugin.sharing_share(trace)
     try:
-        share = float(args.time_sliced_share)
+        share = float(text)
     except ValueError:
-        raise ValueError(f"--time-sliced-share {args.time_sliced_share!r}: use a number between 0 and 1, or auto") from None
+        share = -1.0
     if not 0 <= share <= 1:
-        raise ValueError(f"--time-sliced-share {args.time_sliced_share!r}: use a number between 0 and 1, or auto")
+        raise ValueError(f"--time-sliced-share {text!r}: use a number between 0 and 1, or auto")
     return share

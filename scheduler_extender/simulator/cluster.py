@@ -31,9 +31,8 @@ key holds each GPU's holders' shares, and their engine state lists the holders' 
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
 import random
+from typing import Sequence
 
 import numpy as np
 
@@ -280,20 +279,12 @@ class Cluster:
             raise RuntimeError(f"{self.nodes[i].name}: every replica in use")
         return (self.units[i][j],)
 
-    @property
-    def overcommitted_gpus(self) -> int:
-        """GPUs whose holders' shares add up to more than the GPU (VRAM over-committed)."""
-        return int((self.milli_free < 0).sum())
-
-    @property
-    def overcommitted_pods(self) -> int:
-        """Pods holding a share of an over-committed GPU: each risks running out of memory."""
-        return sum(len(self.on_unit[i][j]) for i, j in zip(*np.nonzero(self.milli_free < 0)))
-
-    @property
-    def overcommitted_milli(self) -> int:
-        """Milli-GPUs those pods asked for (a pod on a shared GPU holds that one GPU only)."""
-        return sum(sum(self.on_unit[i][j].values()) for i, j in zip(*np.nonzero(self.milli_free < 0)))
+    def overcommit(self) -> tuple[int, int, int]:
+        """(GPUs whose holders' shares add up to more than the GPU, i.e. VRAM over-committed; the
+        pods holding them, each at risk of running out of memory; the milli-GPUs those pods asked,
+        a pod on a shared GPU holding that one GPU only)."""
+        holders = [self.on_unit[i][j] for i, j in zip(*np.nonzero(self.milli_free < 0))]
+        return len(holders), sum(len(h) for h in holders), sum(sum(h.values()) for h in holders)
 
     # ---- bookkeeping -----------------------------------------------------------------------------
 

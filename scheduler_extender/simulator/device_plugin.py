@@ -25,7 +25,7 @@ cluster replay (``benchmarks.bench_replay``) alike:
   replicas in use, ties at random (``plugin_choice``; the NVIDIA device plugin's
   ``internal/rm/allocate.go``, the default for replicated resources), whatever the scheduler
   would have chosen. A share can so land on a GPU without room for it: a VRAM over-commit,
-  which the report counts (``Cluster.overcommitted_gpus``).
+  which the report counts (``Cluster.overcommit``).
 """
 
 from __future__ import annotations
@@ -94,6 +94,17 @@ def cluster_pod(pod: SimPod, class_name: str) -> SimPod:
         return pod
     return dataclasses.replace(pod, annotations={**pod.annotations, A_FRACTION: f"{pod.gpu_milli / 1000:g}",
                                                  A_CLASS: class_name})
+
+
+def cluster_model(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Policy, share: float | None,
+                  replicas: int = DEFAULT_REPLICAS) -> tuple[list[SimNode], list[SimPod], float]:
+    """The fleet and the pods as the cluster runs them (module docstring): (nodes with ``share``
+    of each model's time-sliced, None: ``sharing_share(pods)``; the pods with ``cluster_pod``;
+    the share used). ValueError names what is wrong: no sharing class, a share outside 0-1, too
+    few replicas."""
+    cls = sharing_class(policy)
+    share = sharing_share(pods) if share is None else share
+    return cluster_fleet(nodes, share, replicas), [cluster_pod(p, cls) for p in pods], share
 
 
 def node_labels(sharing: GpuSharing | None) -> dict[str, str]:

@@ -250,6 +250,12 @@ def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[in
     return (oom if known else None), wasted, fit_cheaper
 
 
+def _overcommit(cluster: Cluster) -> dict[str, int]:
+    """``Snapshot``'s over-commit fields (``Cluster.overcommit``)."""
+    gpus, pods, milli = cluster.overcommit()
+    return {"overcommitted_gpus": gpus, "overcommitted_pods": pods, "overcommitted_milli": milli}
+
+
 def fgd_arrivals(pods: Sequence[SimPod], seed: int, ratio: float, capacity_milli: int) -> list[SimPod]:
     """FGD's arrivals of a pod list (module docstring): ``pods`` in name order, shuffled with
     ``seed``, then tuned so that they ask for ``ratio`` x ``capacity_milli`` milli-GPUs.
@@ -351,8 +357,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             stranded_by_model=by_model, stranded_by_cause=by_cause, allocated_gpu_milli=cluster.allocated_milli,
             arrived_ratio=arrived / cluster.capacity_milli,
             cpu_only_placed=sum(1 for p in placed if not p.pod.gpus),
-            cpu_only_unplaced=len(pending) - len(gpu_pending), overcommitted_gpus=cluster.overcommitted_gpus,
-            overcommitted_pods=cluster.overcommitted_pods, overcommitted_milli=cluster.overcommitted_milli,
+            cpu_only_unplaced=len(pending) - len(gpu_pending), **_overcommit(cluster),
         )
 
     endless = not isinstance(stream, Sequence)
@@ -478,8 +483,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         stranded_by_model=by_model, stranded_by_cause=by_cause,
         queue_delay_hours_mean=(sum(delays) / len(delays) / 3600) if delays else None,
         queue_delay_hours_max=(max(delays) / 3600) if delays else None,
-        overcommitted_gpus=cluster.overcommitted_gpus, overcommitted_pods=cluster.overcommitted_pods,
-        overcommitted_milli=cluster.overcommitted_milli,
+        **_overcommit(cluster),
     )
 
 
