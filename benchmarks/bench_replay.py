@@ -339,8 +339,8 @@ def replay_once(work: Path, fleet: Fleet, arrivals: list[SimPod], bounds: list[i
             list(pool.map(make, fleet.nodes))
         print(f"  {len(fleet.nodes)} nodes created in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
+        config, args = chart_rendered()
         if with_extender:
-            config, args = chart_rendered()
             print(f"  extender args from the chart: {' '.join(args)}", file=sys.stderr)
             catalog_file = work / "stand-ins.yaml"
             catalog_file.write_text(stand_in_rows(), encoding="utf-8")
@@ -352,7 +352,6 @@ def replay_once(work: Path, fleet: Fleet, arrivals: list[SimPod], bounds: list[i
             config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{service.port}"
             cp.add_scheduler(SchedulerSpec(name=scheduler, config=config))
         else:
-            config, _ = chart_rendered()
             config.pop("extenders", None)
             config["profiles"][0]["schedulerName"] = scheduler
             cp.add_scheduler(SchedulerSpec(name=scheduler, config=config))
@@ -372,9 +371,7 @@ def replay_once(work: Path, fleet: Fleet, arrivals: list[SimPod], bounds: list[i
                                         lambda: box.append(_kill_sticky(replicas, service, plugin)))
                 timer.start()
                 _create(core, batch, rate, workers)
-                timer.join()
-                while not box:
-                    time.sleep(0.1)
+                timer.join()  # the kill, and the wait for the next binding, ran in the timer's thread
                 killed = box[0]
             else:
                 _create(core, batch, rate, workers)
