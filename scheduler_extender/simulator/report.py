@@ -34,7 +34,7 @@ METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "p
            "premium_gpu_hours_wasted", "premium_gpu_hours_fit_cheaper", "cost_per_hour", "sharing_placed", "sharing_unplaced", "allocated_gpus",
            "allocated_gpu_milli", "arrived_ratio", "cpu_only_placed", "cpu_only_unplaced",
            "queue_delay_hours_mean", "queue_delay_hours_max", "overcommitted_gpus",
-           "overcommitted_pods", "overcommitted_milli")
+           "overcommitted_pods", "overcommitted_milli", "safe_allocation_ratio")
 
 
 def load_key(load: float) -> str:
@@ -111,7 +111,7 @@ def render_table(result: RunResult) -> str:
         cols.append("queue h (mean)")
     device_plugin = result.meta.get("sharing") == "device-plugin"
     if device_plugin:
-        cols.append("over-committed GPUs (pods)")
+        cols += ["over-committed GPUs (pods)", "safe milli-alloc"]
     rows = []
     for name, by_load in doc["policies"].items():
         for load, a in by_load.items():
@@ -131,6 +131,7 @@ def render_table(result: RunResult) -> str:
             if device_plugin:
                 row.append(f'{_fmt(a["overcommitted_gpus"], sp["overcommitted_gpus"], ".0f")} '
                            f'({_fmt(a["overcommitted_pods"], sp["overcommitted_pods"], ".0f")})')
+                row.append(_fmt(a["safe_allocation_ratio"], sp["safe_allocation_ratio"], ".2f", pct=True))
             rows.append(row)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
@@ -142,7 +143,8 @@ def render_table(result: RunResult) -> str:
                + (", mean over the pods whose arrived share rounds to the load" if mode != "replay" else "")
                + "; occupied: GPUs with any share taken / GPUs"
                + ("; over-committed GPUs: time-sliced GPUs whose holders' shares exceed them (the device plugin "
-                  "picks the GPU), and the pods on them" if device_plugin else ""))
+                  "picks the GPU), and the pods on them; safe milli-alloc: milli-GPUs of the placed pods at the "
+                  "snapshot less those of pods on over-committed GPUs, over GPUs x 1000" if device_plugin else ""))
     out.append(f"seeds {', '.join(map(str, result.seeds))}; run time per policy: {secs}; "
                f"total {sum(result.seconds.values()):.1f} s")
     return "\n".join(out)

@@ -108,6 +108,7 @@ class Snapshot:
     overcommitted_gpus: int = 0  # GPUs whose holders' shares exceed them (time-sliced: the device plugin's choice)
     overcommitted_pods: int = 0  # the pods holding shares of those GPUs
     overcommitted_milli: int = 0  # the milli-GPUs they asked for
+    safe_allocation_ratio: float | None = None  # fill: (allocated_gpu_milli - overcommitted_milli) / fleet milli
 
 
 class Judge:
@@ -250,10 +251,14 @@ def _placement_totals(placements: Iterable[Placement], judge: Judge) -> tuple[in
     return (oom if known else None), wasted, fit_cheaper
 
 
-def _overcommit(cluster: Cluster) -> dict[str, int]:
-    """``Snapshot``'s over-commit fields (``Cluster.overcommit``)."""
+def _overcommit(cluster: Cluster, safe: bool = False) -> dict[str, int | float]:
+    """``Snapshot``'s over-commit fields (``Cluster.overcommit``); with ``safe``, also the share of
+    the fleet's milli-GPUs allocated to pods on GPUs that are not over-committed, at this moment."""
     gpus, pods, milli = cluster.overcommit()
-    return {"overcommitted_gpus": gpus, "overcommitted_pods": pods, "overcommitted_milli": milli}
+    out: dict[str, int | float] = {"overcommitted_gpus": gpus, "overcommitted_pods": pods, "overcommitted_milli": milli}
+    if safe:
+        out["safe_allocation_ratio"] = (cluster.allocated_milli - milli) / cluster.capacity_milli
+    return out
 
 
 def fgd_arrivals(pods: Sequence[SimPod], seed: int, ratio: float, capacity_milli: int) -> list[SimPod]:
@@ -357,7 +362,7 @@ def run_fill(nodes: Sequence[SimNode], stream: Iterable[SimPod], policy: Placeme
             stranded_by_model=by_model, stranded_by_cause=by_cause, allocated_gpu_milli=cluster.allocated_milli,
             arrived_ratio=arrived / cluster.capacity_milli,
             cpu_only_placed=sum(1 for p in placed if not p.pod.gpus),
-            cpu_only_unplaced=len(pending) - len(gpu_pending), **_overcommit(cluster),
+            cpu_only_unplaced=len(pending) - len(gpu_pending), **_overcommit(cluster, safe=True),
         )
 
     endless = not isinstance(stream, Sequence)

@@ -82,11 +82,13 @@ def test_kube_scheduler_counts_replicas_and_the_plugins_choice_over_commits_vram
     """Three 600-milli shares on one time-sliced node of two GPUs: the plugin puts the third on a
     GPU that already holds 600 (1200 > 1000). gpuplace's filter sees it coming; spread does not."""
     pods = [share(f"s{k}", 600) for k in range(3)]
-    for pol, placed, over in ((KubeBaseline("spread", CAT), 3, (1, 2, 1200)), (GpuplacePolicy(ENGINE), 2, (0, 0, 0))):
+    for pol, placed, over, safe in ((KubeBaseline("spread", CAT), 3, (1, 2, 1200), 0.3),
+                                    (GpuplacePolicy(ENGINE), 2, (0, 0, 0), 0.6)):
         nodes = device_plugin.cluster_fleet([node("a", "t4", 2)], 1.0, 4)
         snap = run_fill(nodes, pods, pol, ENGINE, [1.0], seed=0)[1.0]
         assert snap.placed == placed, pol.name
         assert (snap.overcommitted_gpus, snap.overcommitted_pods, snap.overcommitted_milli) == over, pol.name
+        assert snap.safe_allocation_ratio == pytest.approx(safe), pol.name  # of 2,000 milli-GPUs
 
 
 def test_replicas_bound_a_time_sliced_gpu_even_when_its_memory_is_not_used_up():
