@@ -14,7 +14,9 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-pip \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# What the wheel is built from (hack/build-images.sh copies the same files).
+# What the wheel is built from (hack/build-images.sh copies the same files). Not testing/ (the
+# gpuplace-testing distribution: the NVML and AMD SMI stand-ins): the image holds the product only,
+# so gpuplace-agent --probe fake-nvml / fake-amdsmi exit 2 in it, naming the missing package.
 COPY pyproject.toml README.md LICENSE ./
 COPY scheduler_extender scheduler_extender
 COPY node_agent node_agent

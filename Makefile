@@ -29,10 +29,12 @@ help:
 	@echo "make bench-smoke the same at tiny sizes: checks that they run (numbers meaningless)"
 	@echo "make bench-profile  pyinstrument profile of filter/prioritize at 5,000 nodes"
 
-$(BIN)/.installed: pyproject.toml
+# gpuplace-testing (testing/: the NVML and AMD SMI stand-ins the tests and --probe fake-nvml use)
+# is not on PyPI, so not in the test extra: it is installed from the tree, editable, beside gpuplace.
+$(BIN)/.installed: pyproject.toml testing/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' -e ./testing
 	touch $@
 
 install: $(BIN)/.installed

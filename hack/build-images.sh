@@ -230,7 +230,8 @@ ensure_base() {
 # gpuplace
 # ---------------------------------------------------------------------------------------------
 
-# The files the wheel is built from; the Dockerfile copies the same ones.
+# The files the wheel is built from; the Dockerfile copies the same ones. Not testing/ (the
+# gpuplace-testing distribution, the test doubles): the image holds the product wheel only.
 WHEEL_SOURCES=(pyproject.toml README.md LICENSE scheduler_extender node_agent)
 
 # The wheel the test suite installs and tests (tests/harness/artifacts.py: from a clean copy of the

@@ -169,7 +169,7 @@ def values_schema() -> dict[str, Any]:
                 "enabled": {"type": "boolean"},
                 "serviceAccount": SERVICE_ACCOUNT,
                 "runtimeClassName": s(),
-                "probe": {"enum": ["nvml", "auto", "amd", "fake", "fake-nvml"]},
+                "probe": {"enum": ["nvml", "auto", "amd", "fake"]},  # fake-nvml: test doubles the image lacks
                 "fakeInventory": fake_inventory,
                 "migStrategy": {"enum": ["", "none", "single", "mixed"]},
                 "ignoreXids": {"type": "string", "pattern": r"^(|all|[=+]?[0-9]{1,5}(,[0-9]{1,5})*)$"},

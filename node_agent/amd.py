@@ -15,7 +15,7 @@ under a private module name, giving the wrapper a ``ctypes`` whose ``CDLL`` hand
 it opened, wrapped so that a symbol the library lacks becomes a function answering
 ``AMDSMI_STATUS_FAIL_LOAD_SYMBOL``: what depends on it is reported unknown, as NVML's
 FUNCTION_NOT_FOUND is; and the package's prints are captured. Tests hand a stand-in for the
-library to the same loader (``node_agent.amdsmi_standin``), so they run the real package.
+library to the same loader (``gpuplace_testing.amdsmi_standin``), so they run the real package.
 The package must be of the node's ROCm release: amdsmi.h renumbers enums between releases (ROCm
 7.0 made ``AMDSMI_LINK_TYPE_XGMI`` 2, ROCm 6.4 had 1), which a mismatched pair gets wrong silently;
 the library's version is logged at the first probe.
@@ -175,7 +175,7 @@ def _execute_package(open_library: Callable[[str], Any]) -> tuple[types.ModuleTy
 
 
 def load_amdsmi(library: Any = None) -> types.ModuleType:
-    """The amdsmi package bound to ``library`` (a stand-in, ``node_agent.amdsmi_standin``), or to
+    """The amdsmi package bound to ``library`` (a stand-in, ``gpuplace_testing.amdsmi_standin``), or to
     the node's ``libamd_smi.so`` when None (loaded once per process). Raises ``AMDSMIUnavailable``."""
     global _REAL
     if library is None:
@@ -328,7 +328,7 @@ class AMDProbe:
     """Reads every AMD GPU through AMD SMI and returns a ``NodeGPUInventory``.
 
     Args:
-        library: a stand-in for ``libamd_smi.so`` (``node_agent.amdsmi_standin``); None loads the node's.
+        library: a stand-in for ``libamd_smi.so`` (``gpuplace_testing.amdsmi_standin``); None loads the node's.
         node_name: the Node this agent runs on.
         mig_strategy: recorded as is (an NVIDIA device plugin setting; None leaves it out).
         numa_lookup: CPU NUMA node of a PCI address when AMD SMI has none; default reads sysfs.

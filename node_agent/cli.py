@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from node_agent.agent import Agent, Probe
 from node_agent.inventory import InventoryError, NodeGPUInventory
@@ -42,7 +42,8 @@ examples:
 exit codes:
   {EXIT_OK}  success
   {EXIT_PUBLISH_FAILED}  publishing failed (--once: not patched within --publish-timeout-seconds)
-  {EXIT_USAGE}  bad arguments, unreadable or invalid inventory/fixture file, no cluster config
+  {EXIT_USAGE}  bad arguments, unreadable or invalid inventory/fixture file, no cluster config,
+     --probe fake-nvml / fake-amdsmi without the gpuplace-testing package
   {EXIT_NO_DRIVER}  no usable GPU driver, neither NVIDIA (NVML) nor AMD (AMD SMI) (see --keep-running-without-driver)
 """
 
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "through AMD SMI (default); nvml: the NVIDIA driver only; amd: AMD SMI only (the amdsmi package, "
                      "pip install 'gpuplace[amd]', and ROCm's libamd_smi.so); fake: replay --fake-inventory; "
                      "fake-nvml / fake-amdsmi: run the NVML / AMD SMI code against a recorded --nvml-fixture / "
-                     "--amdsmi-fixture")
+                     "--amdsmi-fixture (test doubles: they need the gpuplace-testing package, "
+                     "pip install 'gpuplace[testing]')")
     src.add_argument("--fake-inventory", metavar="FILE", help="NodeGPUInventory file (JSON or YAML) for --probe fake")
     src.add_argument("--nvml-fixture", metavar="FILE", help="NVML scenario (YAML, tests/fixtures/nvml/) for --probe fake-nvml: the real pynvml over the stand-in libnvidia-ml")
     src.add_argument("--amdsmi-fixture", metavar="FILE",
@@ -151,13 +153,12 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
     if args.probe in ("fake-nvml", "fake-amdsmi"):
         nvml = args.probe == "fake-nvml"
         path, flag = (args.nvml_fixture, "--nvml-fixture") if nvml else (args.amdsmi_fixture, "--amdsmi-fixture")
+        load_fixture = _test_probe_loader(args.probe)
         if not path:
             raise UsageError(f"--probe {args.probe} needs {flag} FILE")
-        from node_agent import fake_amdsmi, fake_nvml
-
         try:
-            standin = (fake_nvml if nvml else fake_amdsmi).load_fixture(path)
-        except fake_nvml.FixtureError as e:
+            standin = load_fixture(path)
+        except ValueError as e:  # gpuplace_testing's FixtureError: the file and the field named
             raise UsageError(str(e)) from e
         make = _nvml_probe if nvml else _amd_probe
         return make(args, node_name, library=standin, numa_lookup=standin.numa_affinity)
@@ -168,6 +169,33 @@ def build_probe(args: argparse.Namespace, node_name: str | None) -> Probe:
     from node_agent.auto import AutoProbe
 
     return AutoProbe(nvml=lambda: _nvml_probe(args, node_name), amd=lambda: _amd_probe(args, node_name))
+
+
+TEST_PROBES_GROUP = "gpuplace.agent_probes"
+"""Entry point group of the probes that run over test doubles (``--probe fake-nvml``,
+``fake-amdsmi``): each name's object turns a scenario file into the stand-in library the NVML or
+AMD SMI probe runs over, raising ``ValueError`` naming the file and field for a bad one. The
+``gpuplace-testing`` distribution (the repository's ``testing/``, ``gpuplace_testing.fake_nvml``
+and ``gpuplace_testing.fake_amdsmi``) declares them; the product never imports it."""
+
+
+def _test_probe_loader(probe: str) -> Callable[[str], Any]:
+    """The scenario loader of ``--probe fake-nvml`` / ``fake-amdsmi``, from the entry point group
+    ``TEST_PROBES_GROUP``; a ``UsageError`` naming the fix when gpuplace-testing is not installed."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=TEST_PROBES_GROUP, name=probe)
+    if not found:
+        raise UsageError(f"--probe {probe} needs the gpuplace-testing package: pip install 'gpuplace[testing]'")
+    entry = sorted(found, key=lambda e: e.value)[0]
+    try:
+        loaded = entry.load()
+    except Exception as e:  # a broken install: say which, without a traceback
+        raise UsageError(f"--probe {probe}: the gpuplace-testing package is installed but its {entry.value} "
+                         f"cannot be loaded ({type(e).__name__}: {e}); reinstall it: pip install 'gpuplace[testing]'") from e
+    if not callable(loaded):
+        raise UsageError(f"--probe {probe}: entry point {entry.value} of group {TEST_PROBES_GROUP} is not callable")
+    return cast("Callable[[str], Any]", loaded)
 
 
 def _nvml_probe(args: argparse.Namespace, node_name: str, **kwargs: Any) -> Probe:

@@ -22,8 +22,8 @@ same number, so a reader can check a value against the tool everyone trusts (the
 XuehaiPan/nvitop ``nvitop/api/libnvml.py``).
 
 Tests run this exact code, and the real pynvml wrappers, over a stand-in for ``libnvidia-ml.so.1``
-(``NVMLProbe(library=...)``, ``node_agent.nvml_standin``) that answers at the C boundary from
-scenarios transcribed from published ``nvidia-smi`` outputs (``node_agent.fake_nvml``).
+(``NVMLProbe(library=...)``, ``gpuplace_testing.nvml_standin``) that answers at the C boundary from
+scenarios transcribed from published ``nvidia-smi`` outputs (``gpuplace_testing.fake_nvml``).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class NVMLSession:
     """Lazy, thread-safe ``nvmlInit``; the one door every NVML call goes through.
 
     ``module`` is pynvml (imported on first use when None). ``library`` replaces the
-    ``libnvidia-ml.so.1`` pynvml would load: the stand-in of ``node_agent.nvml_standin``, which
+    ``libnvidia-ml.so.1`` pynvml would load: the stand-in of ``gpuplace_testing.nvml_standin``, which
     tests and ``--probe fake-nvml`` run the real pynvml wrappers over.
     """
 
@@ -363,7 +363,7 @@ class NVMLProbe:
 
     Args:
         nvml_module: the pynvml module; None imports it.
-        library: a stand-in for ``libnvidia-ml.so.1`` (``node_agent.nvml_standin``); None loads the driver's.
+        library: a stand-in for ``libnvidia-ml.so.1`` (``gpuplace_testing.nvml_standin``); None loads the driver's.
         node_name: the Node this agent runs on.
         mig_strategy: how the NVIDIA device plugin exposes MIG devices, recorded as is; None leaves
             it out (the extender reads it from the Node).

@@ -6,9 +6,12 @@ with no PYTHONPATH, so that nothing can be imported from the source tree (as the
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 import zipfile
@@ -30,6 +33,9 @@ CLUSTER = EXAMPLES / "cluster"
 INVENTORY = CLUSTER / "gpu-a100-mig-0.json"
 FILTER_BODY = ROOT / "tests" / "fixtures" / "wire" / "filter_args_nodecache.json"
 SCRIPTS = ("gpuplace-extender", "gpuplace-agent", "gpuplace")
+TESTING = ROOT / "testing"  # the gpuplace-testing distribution: the test doubles, apart from the product
+TEST_DOUBLES = ("nvml_standin", "amdsmi_standin", "fake_nvml", "fake_amdsmi", "c_boundary")
+NVML_SCENARIO = ROOT / "tests" / "fixtures" / "nvml" / "rtx4090-no-nvlink.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +48,34 @@ def wheel() -> Path:
 @pytest.fixture(scope="session")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return installed_venv(tmp_path_factory.mktemp("venv"), wheel)
+
+
+@pytest.fixture(scope="session")
+def testing_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gpuplace-testing wheel, built with ``pip wheel --no-deps`` from a clean copy of testing/
+    (the files git knows there: no egg-info or build output of an editable install)."""
+    tmp = tmp_path_factory.mktemp("testing-wheel")
+    src, dist = tmp / "src", tmp / "dist"
+    for name in tree_files():
+        if name.startswith("testing/"):
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", "315532800")}
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--quiet",
+                           "--wheel-dir", str(dist), str(src / "testing")],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"pip wheel testing/ failed:\n{proc.stdout}\n{proc.stderr}"
+    built = sorted(dist.glob("gpuplace_testing-*.whl"))
+    assert len(built) == 1, [p.name for p in dist.iterdir()]
+    return built[0]
+
+
+@pytest.fixture(scope="session")
+def venv_with_testing(wheel: Path, testing_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """A user's venv with ``gpuplace[testing]``, the testing wheel found in a folder beside it
+    (``pip install --find-links DIR 'gpuplace[testing]'``); everything else from PyPI."""
+    return installed_venv(tmp_path_factory.mktemp("venv-testing"), wheel, extras=["testing"],
+                          pip_args=["--find-links", str(testing_wheel.parent)])
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +139,34 @@ def test_the_wheel_carries_the_license_and_the_console_scripts(wheel):
         assert f"{name} = {target}" in entry_points
 
 
+def test_the_wheel_holds_none_of_the_test_doubles(wheel):
+    names = wheel_names(wheel)
+    doubles = sorted(n for n in names if n.startswith("gpuplace_testing/")
+                     or PurePosixPath(n).stem in TEST_DOUBLES)
+    assert doubles == [], "test doubles in the product wheel (they belong to gpuplace-testing, testing/)"
+    with zipfile.ZipFile(wheel) as z:
+        metadata = z.read(f"gpuplace-{project_version()}.dist-info/METADATA").decode()
+    assert "Provides-Extra: testing" in metadata
+    assert re.search(rf"^Requires-Dist: gpuplace-testing=={re.escape(project_version())}; extra == \"testing\"$",
+                     metadata, re.M), metadata
+
+
+def test_the_testing_wheel_holds_the_test_doubles_and_their_entry_points(testing_wheel):
+    version = project_version()
+    assert testing_wheel.name == f"gpuplace_testing-{version}-py3-none-any.whl"
+    names = wheel_names(testing_wheel)
+    dist_info = f"gpuplace_testing-{version}.dist-info"
+    assert {n.split("/", 1)[0] for n in names} == {"gpuplace_testing", dist_info}
+    assert {f"gpuplace_testing/{m}.py" for m in TEST_DOUBLES} <= names
+    with zipfile.ZipFile(testing_wheel) as z:
+        entry_points = z.read(f"{dist_info}/entry_points.txt").decode()
+        metadata = z.read(f"{dist_info}/METADATA").decode()
+    assert "[gpuplace.agent_probes]" in entry_points
+    assert "fake-nvml = gpuplace_testing.fake_nvml:load_fixture" in entry_points
+    assert "fake-amdsmi = gpuplace_testing.fake_amdsmi:load_fixture" in entry_points
+    assert f"Requires-Dist: gpuplace=={version}" in metadata
+
+
 # ---- the installed console scripts -----------------------------------------------------------------
 
 def test_nothing_is_imported_from_the_source_tree(venv, outside):
@@ -142,6 +204,30 @@ def test_gpuplace_agent_replays_an_inventory(venv, outside):
     expected = json.loads(INVENTORY.read_text())
     assert inventory["kind"] == "NodeGPUInventory" and inventory["nodeName"] == expected["nodeName"]
     assert [g["uuid"] for g in inventory["gpus"]] == [g["uuid"] for g in expected["gpus"]]
+
+
+FAKE_NVML = ("gpuplace-agent", "--probe", "fake-nvml", "--nvml-fixture", str(NVML_SCENARIO), "--node-name", "n",
+             "--once", "--print", "--no-publish", "--pod-resources-socket", "/nonexistent/kubelet.sock")
+
+
+def test_gpuplace_agent_fake_nvml_without_gpuplace_testing_says_how_to_get_it(venv, outside):
+    proc = venv.run(list(FAKE_NVML), cwd=outside)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == ("gpuplace-agent: error: --probe fake-nvml needs the gpuplace-testing package: "
+                                   "pip install 'gpuplace[testing]'"), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert venv.run(["python", "-c", "import gpuplace_testing"], cwd=outside).returncode != 0
+
+
+def test_gpuplace_agent_fake_nvml_runs_with_gpuplace_testing_installed_beside_it(venv_with_testing, outside):
+    proc = run(venv_with_testing, outside, *FAKE_NVML)
+    inventory = json.loads(proc.stdout)
+    assert inventory["nodeName"] == "n"
+    assert [g["name"] for g in inventory["gpus"]] == ["NVIDIA GeForce RTX 4090"]
+    where = run(venv_with_testing, outside, "python", "-c",
+                "import gpuplace_testing, node_agent; print(gpuplace_testing.__file__); print(node_agent.__file__)").stdout
+    for path in where.split():
+        assert Path(path).resolve().is_relative_to(venv_with_testing.path.resolve()), path
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from node_agent import amdsmi_standin
+from gpuplace_testing import amdsmi_standin
+from gpuplace_testing.fake_amdsmi import Fixture as AMDFixture
+from gpuplace_testing.fake_nvml import Fixture
+from gpuplace_testing.nvml_standin import StandinLibrary
 from node_agent.amd import AMDProbe
-from node_agent.fake_amdsmi import Fixture as AMDFixture
-from node_agent.fake_nvml import Fixture
 from node_agent.inventory import NodeGPUInventory
 from node_agent.nvml import NVMLProbe
-from node_agent.nvml_standin import StandinLibrary
 
 NVML_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 A100_NVSWITCH = NVML_FIXTURES / "a100-sxm4-80gb-x8-nvswitch.yaml"

@@ -1,4 +1,4 @@
-"""The agent over the stand-in for libamd_smi.so (node_agent.amdsmi_standin): the real amdsmi package,
+"""The agent over the stand-in for libamd_smi.so (gpuplace_testing.amdsmi_standin): the real amdsmi package,
 amdsmi.h's structs and status codes, a scenario transcribed from published amd-smi outputs (issue 14,
 item 4)."""
 
@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from node_agent import amd, amdsmi_standin
+from gpuplace_testing import amdsmi_standin
+from node_agent import amd
 from node_agent.amd import AMDSMIUnavailable, load_amdsmi
 from node_agent.inventory import parse_inventory
 from node_agent.probing import ProbeError
@@ -321,7 +322,7 @@ def test_each_stand_in_gets_its_own_copy_of_the_package():
 
 
 def test_the_fixture_schema_names_a_bad_field():
-    from node_agent.fake_amdsmi import Fixture
+    from gpuplace_testing.fake_amdsmi import Fixture
 
     data = copy.deepcopy(fixture_data(MI300X))
     data["gpus"][0]["xgmiPeers"] = ["0000:ff:00.0"]

@@ -14,7 +14,7 @@ import pytest
 
 from node_agent import cli
 from node_agent.inventory import ANNOTATION, parse_inventory
-from tests.node_agent.agent_fixtures import A100_MIG, A100_NVSWITCH, fake_from, fixture_data, probe_of
+from tests.node_agent.agent_fixtures import A100_MIG, A100_NVSWITCH, MI300X, fake_from, fixture_data, probe_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "cluster").glob("*.json"))
@@ -101,6 +101,53 @@ def test_a_bad_inventory_file_exits_2_naming_the_file_and_the_field(own_inventor
 def test_missing_files_are_usage_errors(args, message, capsys):
     code, _, err = run(args, capsys)
     assert code == cli.EXIT_USAGE and message in err
+
+
+def test_the_test_probes_come_from_gpuplace_testing_through_its_entry_points():
+    from importlib.metadata import entry_points
+
+    import gpuplace_testing.fake_amdsmi
+    import gpuplace_testing.fake_nvml
+
+    found = {e.name: e for e in entry_points(group=cli.TEST_PROBES_GROUP)}
+    assert found["fake-nvml"].load() is gpuplace_testing.fake_nvml.load_fixture
+    assert found["fake-amdsmi"].load() is gpuplace_testing.fake_amdsmi.load_fixture
+    assert found["fake-nvml"].dist.name == "gpuplace-testing"
+
+
+def _no_test_probes(monkeypatch, *entries):
+    """importlib.metadata as it is where gpuplace-testing is not installed (or holds ``entries``)."""
+    import importlib.metadata
+
+    real = importlib.metadata.entry_points
+
+    def entry_points(**params):
+        if params.get("group") == cli.TEST_PROBES_GROUP:
+            return importlib.metadata.EntryPoints(
+                e for e in entries if e.name == params.get("name", e.name))
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
+@pytest.mark.parametrize("probe, flag, scenario", [("fake-nvml", "--nvml-fixture", A100_MIG),
+                                                   ("fake-amdsmi", "--amdsmi-fixture", MI300X)])
+def test_a_test_probe_without_gpuplace_testing_exits_2_naming_the_package(monkeypatch, capsys, probe, flag, scenario):
+    _no_test_probes(monkeypatch)
+    code, out, err = run(["--probe", probe, flag, str(scenario), "--node-name", "n", "--once", "--print"], capsys)
+    assert code == cli.EXIT_USAGE and out == ""
+    assert err == f"gpuplace-agent: error: --probe {probe} needs the gpuplace-testing package: pip install 'gpuplace[testing]'\n"
+
+
+def test_a_broken_gpuplace_testing_exits_2_without_a_traceback(monkeypatch, capsys):
+    import importlib.metadata
+
+    _no_test_probes(monkeypatch, importlib.metadata.EntryPoint(
+        name="fake-nvml", value="gpuplace_testing.no_such_module:load_fixture", group=cli.TEST_PROBES_GROUP))
+    code, out, err = run(["--probe", "fake-nvml", "--nvml-fixture", str(A100_MIG), "--node-name", "n", "--once",
+                          "--print"], capsys)
+    assert code == cli.EXIT_USAGE and out == "" and "Traceback" not in err
+    assert "gpuplace_testing.no_such_module:load_fixture cannot be loaded" in err and "gpuplace[testing]" in err
 
 
 def _driver_answers(monkeypatch, init_error):

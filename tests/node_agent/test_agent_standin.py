@@ -1,4 +1,4 @@
-"""The agent over the stand-in for libnvidia-ml (node_agent.nvml_standin): the real pynvml wrappers,
+"""The agent over the stand-in for libnvidia-ml (gpuplace_testing.nvml_standin): the real pynvml wrappers,
 nvml.h's structs and return codes, scenarios transcribed from published outputs (issue 14)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from node_agent.nvml import APPLICATION_XIDS, ProbeError, match_mig_profile, parse_ignored_xids
-from node_agent.nvml_standin import struct_version
+from gpuplace_testing.nvml_standin import struct_version
 from tests.node_agent.agent_fixtures import (
     A100_MIG, A100_NVSWITCH, H100_NVSWITCH, NVML_FIXTURES, RTX4090, fake_from, fixture_data, probe_of,
 )

@@ -43,8 +43,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from node_agent.c_boundary import Boundary, BoundaryViolation, Symbol as _Symbol, address_of as _address
-from node_agent.c_boundary import target_of as _target, value_of as _value
+from gpuplace_testing.c_boundary import Boundary, BoundaryViolation, Symbol as _Symbol, address_of as _address
+from gpuplace_testing.c_boundary import target_of as _target, value_of as _value
 
 # ---- amdsmi.h amdsmi_status_t --------------------------------------------------------------------
 

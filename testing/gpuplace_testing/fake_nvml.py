@@ -1,9 +1,10 @@
 """Scenario data for the NVML stand-in: a node's GPUs as published ``nvidia-smi`` outputs show them.
 
-``load_fixture(FILE)`` reads a YAML scenario and returns a ``node_agent.nvml_standin.StandinLibrary``,
+``load_fixture(FILE)`` reads a YAML scenario and returns a ``gpuplace_testing.nvml_standin.StandinLibrary``,
 the stand-in for ``libnvidia-ml.so.1`` that the real ``pynvml`` wrappers run over
 (``NVMLProbe(library=...)``; ``gpuplace-agent --probe fake-nvml --nvml-fixture FILE`` does the
-same from the command line).
+same from the command line, finding ``load_fixture`` through the entry point group
+``gpuplace.agent_probes`` of this package).
 
 Scenarios live in ``tests/fixtures/nvml/`` and are transcriptions of published ``nvidia-smi -q``,
 ``nvidia-smi topo -m``, ``nvidia-smi mig -lgip`` and CUDA ``deviceQuery`` outputs; each cites its
@@ -20,7 +21,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from node_agent.probing import parse_bus_id
-from node_agent.nvml_standin import StandinLibrary
+from gpuplace_testing.nvml_standin import StandinLibrary
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # nvml.h
 M = TypeVar("M", bound=BaseModel)

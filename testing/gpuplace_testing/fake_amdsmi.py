@@ -1,9 +1,10 @@
 """Scenario data for the AMD SMI stand-in: a node's AMD GPUs as published ``amd-smi`` outputs show them.
 
-``load_fixture(FILE)`` reads a YAML scenario and returns a ``node_agent.amdsmi_standin.StandinLibrary``,
+``load_fixture(FILE)`` reads a YAML scenario and returns a ``gpuplace_testing.amdsmi_standin.StandinLibrary``,
 the stand-in for ``libamd_smi.so`` that the real ``amdsmi`` package runs over
 (``AMDProbe(library=...)``; ``gpuplace-agent --probe fake-amdsmi --amdsmi-fixture FILE`` does the
-same from the command line).
+same from the command line, finding ``load_fixture`` through the entry point group
+``gpuplace.agent_probes`` of this package).
 
 Scenarios live in ``tests/fixtures/amdsmi/`` and are transcriptions of published ``amd-smi list``,
 ``amd-smi static``, ``amd-smi topology`` and ``rocm-smi`` outputs; each cites its source at the
@@ -18,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from node_agent.amdsmi_standin import GPU_BLOCKS, RAS_ERR_STATE, VRAM_TYPE, StandinLibrary
-from node_agent.fake_nvml import FixtureError, HexInt, read_scenario
+from gpuplace_testing.amdsmi_standin import GPU_BLOCKS, RAS_ERR_STATE, VRAM_TYPE, StandinLibrary
+from gpuplace_testing.fake_nvml import FixtureError, HexInt, read_scenario
 from node_agent.probing import parse_bus_id
 
 StatusName = Literal[

@@ -45,8 +45,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from node_agent.c_boundary import Boundary, BoundaryViolation, Symbol as _Symbol, address_of as _address
-from node_agent.c_boundary import target_of as _target, value_of as _value
+from gpuplace_testing.c_boundary import Boundary, BoundaryViolation, Symbol as _Symbol, address_of as _address
+from gpuplace_testing.c_boundary import target_of as _target, value_of as _value
 
 # ---- nvml.h return codes ------------------------------------------------------------------------
 
