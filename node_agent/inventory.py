@@ -8,7 +8,8 @@ compatibility), required keys are enforced. A value the agent could not read sta
 
 Units sit in the names: ``memory_mib`` is MiB (2**20 bytes, as NVML's ``nvmlDeviceGetMemoryInfo``
 total and ``nvidia-smi --query-gpu=memory.total`` report it), ``memory_bandwidth_gbps`` is
-decimal GB/s (10**9 bytes/s, as datasheets quote it), ``power_limit_w`` is watts.
+decimal GB/s (10**9 bytes/s, as datasheets quote it), ``power_limit_w`` is watts, ``temperature_c``
+is degrees Celsius.
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ class GPU(_Model):
     multiprocessors: int | None = Field(default=None, ge=0)
     ecc_enabled: bool | None = Field(default=None, alias="eccEnabled")
     power_limit_w: float | None = Field(default=None, alias="powerLimitW", ge=0)
+    temperature_c: int | None = Field(
+        default=None, alias="temperatureC", ge=0,
+        description="The GPU's core temperature in degrees Celsius when the inventory was observed "
+        "(observedAt): NVML's nvmlDeviceGetTemperature(device, NVML_TEMPERATURE_GPU, &temp) (nvml.h; "
+        "NVML_TEMPERATURE_GPU = 0 in nvmlTemperatureSensors_t), what nvidia-smi -q shows as 'GPU Current "
+        "Temp' and --query-gpu=temperature.gpu. Absent: unknown (the GPU or driver does not report it, the "
+        "read failed, or an AMD GPU, whose temperature the agent does not read); never 0 for unknown. A MIG "
+        "device has none of its own: its GPU's applies. A change of temperature alone does not make the "
+        "agent patch the Node; it goes out with the next heartbeat or other change (added after the first "
+        "version of the schema).")
     numa_node: int | None = Field(default=None, alias="numaNode")
     healthy: bool = True
     health_reasons: list[str] = Field(

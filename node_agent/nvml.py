@@ -551,6 +551,15 @@ class NVMLProbe:
             value = self.nvml.call("nvmlDeviceGetPowerManagementLimit", h)
         return round(int(value) / 1000, 1) if value else None
 
+    def temperature_c(self, h: Any) -> int | None:
+        """GPU core temperature in degrees C, now: nvml.h ``nvmlDeviceGetTemperature(device,
+        NVML_TEMPERATURE_GPU, &temp)`` (sensor 0, the only one before NVML 615 added
+        ``NVML_TEMPERATURE_GPU_MAX``). nvidia-smi: ``--query-gpu=temperature.gpu``, -q "GPU Current
+        Temp". Not supported (some vGPU guests) or any failure -> unknown. Full GPUs only: a MIG
+        device shares its GPU's die and sensor."""
+        value = self.nvml.call("nvmlDeviceGetTemperature", h, self.nvml.const("NVML_TEMPERATURE_GPU", 0))
+        return None if value is None else int(value)
+
     def numa_node(self, h: Any, bus_id: str | None) -> int | None:
         """NUMA node of the GPU: ``nvmlDeviceGetNumaNodeId`` where the driver has it, else the
         PCI device's node from sysfs, else None. nvidia-smi topo -m: "GPU NUMA ID", then "NUMA
@@ -841,6 +850,7 @@ class NVMLProbe:
         f["memoryBandwidthGBps"] = memory_bandwidth_gbps(self.memory_bus_width_bits(h), self.max_memory_clock_mhz(h))
         f["eccEnabled"] = self.ecc_enabled(h)
         f["powerLimitW"] = self.power_limit_w(h)
+        f["temperatureC"] = self.temperature_c(h)
         f["numaNode"] = self.numa_node(h, f["pciBusId"])
         raw.reasons.extend(self.health_reasons(h))
         raw.reasons.extend(self.fabric_reasons(h))

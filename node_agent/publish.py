@@ -5,7 +5,8 @@ What goes on the Node (one strategic-merge patch, so other annotations and label
 - annotation ``gpuplace.io/inventory``: the inventory as compact JSON (``NodeGPUInventory.to_json``);
 - labels for people and nodeSelectors, derived from the inventory (``node_labels``).
 
-When: when anything other than ``observedAt`` changed since the last successful patch, and at
+When: when anything other than ``observedAt`` and the GPUs' readings of the moment (their
+temperature, ``READINGS``) changed since the last successful patch, and at
 least every ``heartbeat_seconds`` (default 60) so the extender, which treats an inventory older
 than its staleness limit (300 s by default) as stale, sees the agent alive. Only the latest
 inventory is ever sent: a probe that arrives while the API server is away replaces the pending one,
@@ -105,10 +106,20 @@ def patch_body(inventory: NodeGPUInventory) -> dict[str, Any]:
     return {"metadata": {"annotations": {ANNOTATION: inventory.to_json()}, "labels": node_labels(inventory)}}
 
 
+READINGS = ("temperatureC",)
+"""GPU fields that are readings of the moment, like ``observedAt``: they drift at every probe, so
+a change of them alone is not published at once (that would patch every Node at every probe) but
+with the next heartbeat or other change, which carries the latest ones."""
+
+
 def content_key(inventory: NodeGPUInventory) -> str:
-    """What must differ for a change to be published: everything but ``observedAt``."""
+    """What must differ for a change to be published: everything but ``observedAt`` and each GPU's
+    ``READINGS``."""
     data = inventory.to_dict()
     data.pop("observedAt", None)
+    for gpu in data.get("gpus", []):
+        for key in READINGS:
+            gpu.pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

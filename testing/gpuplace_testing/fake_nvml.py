@@ -127,6 +127,9 @@ class GPUFixture(_Model):
     maxMemoryClockMHz: int | None = None
     ecc: Literal["enabled", "disabled", "unsupported"] = "unsupported"
     enforcedPowerLimitW: float | None = None
+    gpuCurrentTempC: int | None = Field(default=None, ge=0, description=(
+        "nvidia-smi -q 'Temperature / GPU Current Temp' in degrees C (nvmlDeviceGetTemperature, "
+        "NVML_TEMPERATURE_GPU). None: the published output has none; NVML answers NOT_SUPPORTED."))
     gpuNumaId: int | None = Field(default=None, description="nvmlDeviceGetNumaNodeId; None = NOT_SUPPORTED (x86).")
     numaAffinity: int | None = Field(default=None, description="sysfs numa_node of the PCI device (topo -m 'NUMA Affinity').")
     retiredPagesPending: bool | None = None

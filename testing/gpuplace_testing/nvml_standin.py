@@ -30,7 +30,11 @@ What follows nvml.h here, and not pynvml:
   NVML_ERROR_TIMEOUT; in an unprivileged container with MIG on (``Fixture.privileged: false``)
   ``nvmlDeviceGetGpuInstanceById`` and the parent GPU's ``nvmlDeviceGetMemoryInfo`` are
   NVML_ERROR_NO_PERMISSION (NVIDIA/k8s-device-plugin and gpu-monitoring-tools reports; the
-  MIG user guide: "GPU instance management requires privileges").
+  MIG user guide: "GPU instance management requires privileges"); ``nvmlDeviceGetTemperature``
+  knows one sensor, ``NVML_TEMPERATURE_GPU`` (0), and answers NVML_ERROR_INVALID_ARGUMENT for any
+  other ``sensorType`` (NVML 570's ``nvmlTemperatureSensors_t``; ``NVML_TEMPERATURE_GPU_MAX`` = 1
+  came with NVML 615, NVML API change log) and NOT_SUPPORTED where the scenario gives no
+  temperature.
 
 Struct layouts are from nvml.h (CUDA 12.8 / NVML 570, as vendored by NVIDIA/go-nvml
 ``pkg/nvml/nvml.h``); the sizes are checked against the ``NVML_STRUCT_VERSION`` constants
@@ -90,6 +94,7 @@ CLOCK_MEM = 2
 MEMORY_ERROR_TYPE_UNCORRECTED = 1
 VOLATILE_ECC = 0
 NVLINK_DEVICE_TYPE_GPU, NVLINK_DEVICE_TYPE_SWITCH, NVLINK_DEVICE_TYPE_UNKNOWN = 0x00, 0x02, 0xFF
+TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU; NVML 570's only sensor (NVML_TEMPERATURE_COUNT = 1)
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 GPU_FABRIC_STATE = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
@@ -401,6 +406,20 @@ class StandinLibrary(Boundary):
     c_nvmlDeviceGetMaxMigDeviceCount = _uint_getter(
         "nvmlDeviceGetMaxMigDeviceCount", lambda g: None if g.migMode == "unsupported" else g.maxMigDevices)
     del _uint_getter
+
+    def c_nvmlDeviceGetTemperature(self, handle: Any, sensor_type: Any, temp: Any) -> int:
+        """``nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t
+        sensorType, unsigned int *temp)``: degrees C of the scenario's ``gpuCurrentTempC``."""
+        i, rc = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if rc or i is None:
+            return rc
+        if _value(sensor_type) != TEMPERATURE_GPU:
+            return ERROR_INVALID_ARGUMENT  # nvml.h: "sensorType is invalid"
+        value = self.fixture.gpus[i].gpuCurrentTempC
+        if value is None:
+            return ERROR_NOT_SUPPORTED
+        self._store(temp, ctypes.c_uint, value, "temp")
+        return SUCCESS
 
     def c_nvmlDeviceGetCudaComputeCapability(self, handle: Any, major: Any, minor: Any) -> int:
         i, rc = self._gpu(handle)

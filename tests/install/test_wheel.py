@@ -224,6 +224,7 @@ def test_gpuplace_agent_fake_nvml_runs_with_gpuplace_testing_installed_beside_it
     inventory = json.loads(proc.stdout)
     assert inventory["nodeName"] == "n"
     assert [g["name"] for g in inventory["gpus"]] == ["NVIDIA GeForce RTX 4090"]
+    assert [g["temperatureC"] for g in inventory["gpus"]] == [40]  # its nvidia-smi -q "GPU Current Temp"
     where = run(venv_with_testing, outside, "python", "-c",
                 "import gpuplace_testing, node_agent; print(gpuplace_testing.__file__); print(node_agent.__file__)").stdout
     for path in where.split():

@@ -64,6 +64,15 @@ def test_once_print_with_the_fake_nvml_fixture_runs_the_nvml_code(capsys):
     inv = parse_inventory(out)
     assert (inv.node_name, inv.mig_strategy, len(inv.gpus)) == ("gpu-a100-0", "mixed", 8)
     assert all(len(g.nvlinks) == 7 for g in inv.gpus)
+    # nvidia-smi -q "GPU Current Temp" of the published output, through pynvml and the stand-in
+    assert [g["temperatureC"] for g in json.loads(out)["gpus"]] == [28, 30, 28, 32, 30, 31, 30, 32]
+
+
+def test_once_print_leaves_an_unknown_temperature_out(capsys):
+    code, out, err = run(["--probe", "fake-nvml", "--nvml-fixture", str(A100_MIG), "--node-name", "n", "--once",
+                          "--print"], capsys)
+    assert code == cli.EXIT_OK, err
+    assert "temperatureC" not in out
 
 
 def test_node_name_defaults_to_the_node_name_environment_variable(monkeypatch, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 import threading
@@ -51,6 +52,53 @@ def test_probe_reports_what_the_published_nvidia_smi_output_shows(
         assert all(p.links == links for p in g.nvlinks)
         assert g.pci_bus_id and re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]", g.pci_bus_id)
     assert len({g.uuid for g in inv.gpus}) == gpus
+
+
+@pytest.mark.parametrize("fixture, temperatures", [
+    (A100_NVSWITCH, [28, 30, 28, 32, 30, 31, 30, 32]),  # nvidia-smi -q "GPU Current Temp", GPU by GPU
+    (H100_NVSWITCH, [30, 30, 31, 29, 28, 30, 29, 29]),
+    (RTX4090, [40]),
+    (A100_MIG, [None]),  # its source (nvidia-smi -L) shows none: NOT_SUPPORTED, unknown
+], ids=["8x-A100-SXM4", "8x-H100-SXM5", "RTX-4090", "A100-PCIe-MIG"])
+def test_gpu_temperature_is_read_through_pynvml_as_the_published_output_shows(fixture, temperatures):
+    lib = fake_from(fixture_data(fixture))
+    inv = probe_of(lib).probe()
+    assert [g.temperature_c for g in inv.gpus] == temperatures
+    assert lib.calls.count("nvmlDeviceGetTemperature") == len(temperatures)  # full GPUs only, not MIG devices
+    json_gpus = inv.to_dict()["gpus"]
+    for g, t in zip(json_gpus, temperatures):
+        assert g.get("temperatureC") == t  # left out when unknown, never 0
+
+
+@pytest.mark.parametrize("script", [{"unsupported": ["nvmlDeviceGetTemperature"]},
+                                    {"errors": {"nvmlDeviceGetTemperature": "UNKNOWN"}},
+                                    {"errors": {"nvmlDeviceGetTemperature": "NO_PERMISSION"}}])
+def test_gpu_temperature_not_supported_or_failing_is_unknown_and_the_gpu_stays_healthy(inventory_of, script):
+    data = fixture_data(RTX4090)
+    data["gpus"][0].update(script)
+    gpu = inventory_of(data).gpus[0]
+    assert gpu.temperature_c is None and gpu.healthy
+    assert "temperatureC" not in gpu.model_dump(by_alias=True, exclude_none=True)
+
+
+def test_the_stand_in_answers_nvml_device_get_temperature_as_nvml_h_declares_it():
+    lib = fake_from(fixture_data(RTX4090))
+    probe_of(lib, hold_nvml=True, watch_xids=False).probe()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) == 40
+    # nvmlTemperatureSensors_t of NVML 570 has NVML_TEMPERATURE_GPU only (GPU_MAX = 1 came with 615).
+    for sensor in (1, 2, 0xFFFF):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetTemperature(handle, sensor)
+    unknown = fake_from(fixture_data(A100_MIG))
+    probe_of(unknown, hold_nvml=True, watch_xids=False).probe()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetTemperature(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_TEMPERATURE_GPU)
+    # A caller whose out-parameter is not an unsigned int breaks the boundary.
+    wide = ctypes.c_ulonglong()
+    with pytest.raises(AssertionError, match="nvml.h's c_uint is 4"):
+        lib.nvmlDeviceGetTemperature(handle, 0, ctypes.byref(wide))
+    lib.violations.clear()  # this test broke it on purpose
 
 
 def test_a100_in_mig_mode_lists_each_mig_device_with_profile_and_memory(inventory_of):

@@ -151,6 +151,28 @@ def test_only_a_change_other_than_observed_at_is_published_before_the_heartbeat(
     assert pub.step() and len(api.patches) == 2
 
 
+def test_a_new_temperature_alone_waits_for_the_heartbeat_which_carries_the_latest():
+    api, clock = FakeCoreV1(), Clock()
+    inv = inventory()
+    assert inv.gpus[0].temperature_c == 28
+
+    def warmer(seconds: float, by: int) -> NodeGPUInventory:
+        gpus = [g.model_copy(update={"temperature_c": g.temperature_c + by}) for g in inv.gpus]
+        return later(inv, seconds).model_copy(update={"gpus": gpus})
+
+    pub = publisher(api, clock, heartbeat_seconds=60)
+    pub.offer(inv)
+    assert pub.step()
+    clock.now += 30
+    pub.offer(warmer(30, 5))
+    assert not pub.changed() and not pub.step() and len(api.patches) == 1
+    clock.now += 30
+    pub.offer(warmer(60, 9))
+    assert pub.step() and len(api.patches) == 2
+    sent = parse_inventory(api.patches[-1][1]["metadata"]["annotations"][ANNOTATION])
+    assert [g.temperature_c for g in sent.gpus] == [g.temperature_c + 9 for g in inv.gpus]
+
+
 def test_an_unchanged_inventory_is_republished_every_heartbeat_with_the_new_observed_at():
     api, clock = FakeCoreV1(), Clock()
     inv = inventory()

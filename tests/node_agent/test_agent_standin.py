@@ -176,8 +176,8 @@ def test_a_symbol_the_stand_in_lacks_is_function_not_found_and_recorded():
     probe = probe_of(lib)
     probe.probe()
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        pynvml.nvmlDeviceGetTemperature(pynvml.nvmlDeviceGetHandleByIndex(0), 0)
-    assert lib.unimplemented == ["nvmlDeviceGetTemperature"]
+        pynvml.nvmlDeviceGetFanSpeed(pynvml.nvmlDeviceGetHandleByIndex(0))
+    assert lib.unimplemented == ["nvmlDeviceGetFanSpeed"]
     lib.unimplemented.clear()  # this test asked for it on purpose
 
 
