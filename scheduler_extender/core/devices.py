@@ -13,6 +13,7 @@ A ``NodeView`` is built once per inventory (not per request) and is immutable.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,9 +34,14 @@ class Unit:
 
     ``memory_bytes`` is the unit's own VRAM; ``cost_fraction`` the share of the parent GPU's
     price it stands for (1 for a full GPU, compute slices / 7 for an A100/H100 MIG device).
-    ``ecc_enabled``, ``compute_capability`` and ``power_limit_w`` (watts, the inventory's
-    ``powerLimitW``) are ``None`` when unknown. A field added here is part of the equivalence
-    layer's unit key by itself (``fast.equivalence``), so a criterion may read it at once.
+    ``ecc_enabled``, ``compute_capability``, ``power_limit_w`` (watts, the inventory's
+    ``powerLimitW``) and ``temperature_c`` (degrees Celsius when the agent observed the GPU, the
+    inventory's ``temperatureC``) are ``None`` when unknown.
+
+    A field named as a field of the inventory's ``GPU`` (``INVENTORY_FIELDS``) is copied from it,
+    a MIG device's from its parent GPU: a new inventory field reaches the criteria by one line
+    here. A field is part of the equivalence layer's unit key by itself (``fast.equivalence``),
+    unless a criterion declares it as changing often (``core.criteria.Reads``).
     """
 
     uuid: str
@@ -56,7 +62,8 @@ class Unit:
     cost_fraction: float
     memory_bandwidth_gbps: float | None
     bf16_tflops: float | None
-    power_limit_w: float | None = None  # a MIG device: its parent GPU's
+    power_limit_w: float | None = None  # a MIG device: its parent GPU's (the limit binds all its instances)
+    temperature_c: int | None = None  # a MIG device: its parent GPU's
 
     @property
     def model(self) -> str:
@@ -93,6 +100,17 @@ def _mig_cost_fraction(entry: CatalogEntry | None, profile: str, memory_mib: int
         return min(1.0, memory_mib / parent_mib)
 
 
+_BUILT_FIELDS = frozenset({"uuid", "kind", "gpu_index", "gpu_uuid", "vendor", "name", "entry", "mig_profile",
+                           "memory_bytes", "healthy", "health_reason", "ecc_enabled", "compute_capability",
+                           "nvlink_peers", "allocated_to", "cost_fraction", "memory_bandwidth_gbps", "bf16_tflops"})
+"""``Unit`` fields ``_gpu_units`` builds itself (a MIG device's differ from its GPU's, or they are
+derived from the catalog)."""
+
+INVENTORY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Unit)
+                                          if f.name not in _BUILT_FIELDS and f.name in GPU.model_fields)
+"""``Unit`` fields copied as they are from the inventory's ``GPU`` field of the same name."""
+
+
 def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
     entry = catalog.resolve_driver_name(gpu.name)
     cc = gpu.compute_capability_tuple or (entry.compute_capability_tuple if entry else None)
@@ -100,6 +118,7 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
         entry.memory_bandwidth_gbps if entry else None)
     bf16 = entry.bf16_tflops_dense if entry else None
     reason = "; ".join(gpu.health_reasons) if gpu.health_reasons else ("reported unhealthy" if not gpu.healthy else "")
+    copied = {name: getattr(gpu, name) for name in INVENTORY_FIELDS}
     if not gpu.mig_enabled:
         unit = Unit(
             uuid=gpu.uuid, kind="gpu", gpu_index=gpu.index, gpu_uuid=gpu.uuid, vendor=gpu.vendor,
@@ -107,7 +126,7 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
             healthy=gpu.healthy, health_reason=reason, ecc_enabled=gpu.ecc_enabled,
             compute_capability=cc, nvlink_peers=frozenset(p.peer_uuid for p in gpu.nvlinks),
             allocated_to=gpu.allocated_to, cost_fraction=1.0,
-            memory_bandwidth_gbps=bandwidth, bf16_tflops=bf16, power_limit_w=gpu.power_limit_w,
+            memory_bandwidth_gbps=bandwidth, bf16_tflops=bf16, **copied,
         )
         return unit, []
     migs = []
@@ -121,8 +140,7 @@ def _gpu_units(gpu: GPU, catalog: Catalog) -> tuple[Unit | None, list[Unit]]:
             compute_capability=cc, nvlink_peers=frozenset(),  # MIG devices have no peer-to-peer
             allocated_to=m.allocated_to, cost_fraction=frac,
             memory_bandwidth_gbps=None if bandwidth is None else bandwidth * frac,
-            bf16_tflops=None if bf16 is None else bf16 * frac,
-            power_limit_w=gpu.power_limit_w,  # the GPU's limit binds all its instances together
+            bf16_tflops=None if bf16 is None else bf16 * frac, **copied,
         ))
     return None, migs
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from scheduler_extender.core.catalog import Catalog, default_catalog
+from scheduler_extender.core.criteria import ANNOTATIONS
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job, resolve_job
@@ -63,7 +64,7 @@ class Engine:
     def job(self, pod: Pod | Mapping[str, Any], namespace_labels: Mapping[str, str] | None = None) -> Job:
         """The pod (a ``core.pod.Pod`` or a decoded v1.Pod) resolved against this engine's policy;
         ``namespace_labels`` None: unknown."""
-        return resolve_job(pod, self.policy, self.catalog, namespace_labels)
+        return resolve_job(pod, self.policy, self.catalog, namespace_labels, ANNOTATIONS)
 
     def vram_need_bytes(self, pod: Pod | Mapping[str, Any], memory_bytes: int | None = None) -> int | None:
         """The pod's VRAM need per GPU in bytes under this engine's policy (its estimate or

@@ -1,6 +1,6 @@
 """Filter: can this node run this pod? Each criterion is a small named unit with a reason.
 
-Per-unit criteria (``UNIT_CRITERIA``) look at one device (full GPU or MIG device) and return a
+Per-unit criteria (``core.criteria.UNIT_CRITERIA``, declared in ``core.criteria``) look at one device (full GPU or MIG device) and return a
 reason or ``None``. Node criteria look at the node as a whole (inventory present and fresh, enough
 devices of the requested kind, free, joined by NVLink). ``filter_node`` composes them and reports
 *every* failing reason, grouped by devices ("GPU 0-3: 24 GiB VRAM < 30.3 GiB needed (13B
@@ -24,29 +24,16 @@ from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.quantity import fmt_gib, fmt_gib_below
 from scheduler_extender.core.sharing import GpuSharing, used_vram_bytes
-from scheduler_extender.core.requirements import (
-    A_EXCLUDE, A_MIN_CC, A_MODELS, A_REQUIRE, AMD_GPU, MIG_PREFIX, NVIDIA_GPU,
+from scheduler_extender.core import criteria
+from scheduler_extender.core.criteria import (  # noqa: F401 - the names and checks: re-exported
+    C_ANNOTATION, C_CC, C_CLASS, C_COUNT, C_DEVICE_KIND, C_ECC, C_FREE, C_HEALTHY, C_INVENTORY, C_MODEL, C_NVLINK,
+    C_RESOURCE, C_RUNTIME, C_SHARED, C_TENANT, C_TEMPERATURE, C_VRAM, UnitCheck, check_class_allowed,
+    check_compute_capability, check_device_kind, check_ecc, check_healthy, check_model_allowed, check_runtime,
+    check_tenant_allowed, check_vram,
 )
+from scheduler_extender.core.requirements import A_REQUIRE, AMD_GPU, MIG_PREFIX, NVIDIA_GPU
 
-# Criterion names: stable identifiers used in metrics labels and `gpuplace explain`.
-C_ANNOTATION = "annotation"
-C_INVENTORY = "inventory"
-C_RESOURCE = "resource"
-C_HEALTHY = "healthy"
-C_RUNTIME = "runtime"
-C_MODEL = "model-allowed"
-C_CLASS = "class-allowed"
-C_CC = "compute-capability"
-C_VRAM = "vram"
-C_ECC = "ecc"
-C_DEVICE_KIND = "device-kind"
-C_COUNT = "gpu-count"
-C_FREE = "free-gpus"
-C_NVLINK = "nvlink"
-C_TENANT = "tenant-allowed"
-C_SHARED = "shared-gpu"
-CRITERIA = (C_ANNOTATION, C_INVENTORY, C_RESOURCE, C_HEALTHY, C_RUNTIME, C_MODEL, C_CLASS, C_CC,
-            C_VRAM, C_ECC, C_DEVICE_KIND, C_COUNT, C_FREE, C_NVLINK, C_TENANT, C_SHARED)
+CRITERIA = criteria.CRITERION_NAMES  # every criterion's name (``core.criteria`` declares them)
 
 
 @dataclass(frozen=True)
@@ -79,121 +66,6 @@ class NodeResult:
     @property
     def reason(self) -> str:
         return "; ".join(r.message for r in self.rejections)
-
-
-# ---- per-unit criteria ----------------------------------------------------------------------
-
-UnitCheck = Callable[[Unit, Job], "str | None"]
-
-
-def check_healthy(unit: Unit, job: Job) -> str | None:
-    """An unhealthy GPU (retired pages, double-bit ECC errors, XID, agent error) never counts."""
-    return None if unit.healthy else f"unhealthy ({unit.health_reason or 'reported by the agent'})"
-
-
-def check_runtime(unit: Unit, job: Job) -> str | None:
-    """CUDA jobs need NVIDIA GPUs, ROCm jobs AMD GPUs; ``any`` runs on both."""
-    runtime = job.req.runtime
-    if runtime == "cuda" and unit.vendor != "nvidia":
-        return f"{unit.model} is {unit.vendor.upper()}; a CUDA job needs NVIDIA GPUs (gpuplace.io/runtime)"
-    if runtime == "rocm" and unit.vendor != "amd":
-        return f"{unit.model} is NVIDIA; a ROCm job needs AMD GPUs (gpuplace.io/runtime)"
-    return None
-
-
-def check_model_allowed(unit: Unit, job: Job) -> str | None:
-    """The pod's ``gpu-models`` allowlist and ``exclude-gpu-models``, by catalog id (exact tokens)."""
-    req = job.req
-    model_id = unit.entry.id if unit.entry else None
-    if req.allowed_models is not None and model_id not in req.allowed_models:
-        return f"{unit.model} not in {A_MODELS} ({req.allowed_models_text})"
-    if model_id is not None and model_id in req.excluded_models:
-        return f"{unit.model} excluded by {A_EXCLUDE} ({req.excluded_models_text})"
-    return None
-
-
-def check_class_allowed(unit: Unit, job: Job) -> str | None:
-    """The size class's models (full GPUs) and MIG profiles, from the policy."""
-    cls = job.size_class
-    if unit.kind == "mig":
-        if not cls.mig_allowed:
-            return f"MIG devices are not used by class {cls.name} (policy)"
-        if cls.allowed_mig_profiles and unit.mig_profile not in cls.allowed_mig_profiles:
-            return f"MIG profile {unit.mig_profile} not allowed for class {cls.name} (policy)"
-        return None
-    model_id = unit.entry.id if unit.entry else None
-    if job.class_allowed_models is not None and model_id not in job.class_allowed_models:
-        return f"{unit.model} not allowed for class {cls.name} (policy allowedModels)"
-    if model_id is not None and model_id in job.class_denied_models:
-        return f"{unit.model} is kept for larger jobs; this pod is class {cls.name} (policy deniedModels)"
-    return None
-
-
-def check_tenant_allowed(unit: Unit, job: Job) -> str | None:
-    """The namespace's entitlement (policy ``tenants``): models, for full GPUs and MIG devices alike.
-
-    A MIG device is its parent GPU's model: keeping H100s for one team keeps their slices too.
-    """
-    grant = job.tenancy
-    why = grant.model_denial(unit.entry.id if unit.entry else None)
-    if why is None:
-        return None
-    return f"{unit.model} not entitled to namespace {grant.namespace}: {grant.rule} {why}"
-
-
-def check_compute_capability(unit: Unit, job: Job) -> str | None:
-    """``min-compute-capability`` and what an *annotated* precision needs (bf16 8.0, fp8 8.9,
-    fp6 and fp4 10.0: ``PRECISION_MIN_CC``).
-
-    The default precision, used only for the estimate, imposes nothing. On AMD GPUs a precision
-    is checked against the catalog's native precisions; a CUDA compute capability is unmet.
-    """
-    req = job.req
-    if unit.vendor == "amd":
-        if req.min_compute_capability is not None:
-            return f"{unit.model} has no CUDA compute capability ({A_MIN_CC})"
-        if req.precision and unit.entry is not None and req.precision not in unit.entry.precisions:
-            return f"{unit.model} has no native {req.precision}"
-        if req.precision and unit.entry is None:
-            return f"{unit.model}: {req.precision} support unknown (not in the catalog)"
-        return None
-    need = req.required_cc()
-    if need is None:
-        return None
-    (major, minor), why = need
-    why_text = f"for {why}" if why != A_MIN_CC else f"by {A_MIN_CC}"
-    if unit.compute_capability is None:
-        return f"compute capability unknown, {major}.{minor} needed {why_text}"
-    if unit.compute_capability < (major, minor):
-        have = ".".join(map(str, unit.compute_capability))
-        return f"compute capability {have} < {major}.{minor} needed {why_text}"
-    return None
-
-
-def check_vram(unit: Unit, job: Job) -> str | None:
-    """The unit's VRAM (a full GPU's or a MIG device's) covers the need per GPU."""
-    if job.vram is None or unit.memory_bytes >= job.vram.bytes_per_gpu:
-        return None
-    (have,), need = fmt_gib_below([unit.memory_bytes], job.vram.bytes_per_gpu)
-    return f"{have} VRAM < {job.vram.describe(need)}"
-
-
-def check_ecc(unit: Unit, job: Job) -> str | None:
-    """``require: ecc``: ECC must be on; unknown ECC state does not satisfy a requirement."""
-    if "ecc" not in job.req.require:
-        return None
-    if unit.ecc_enabled is None:
-        return f"ECC state unknown ({A_REQUIRE}: ecc)"
-    return None if unit.ecc_enabled else f"ECC off ({A_REQUIRE}: ecc)"
-
-
-def check_device_kind(unit: Unit, job: Job) -> str | None:
-    """``require: full-gpu`` / ``require: mig``."""
-    if "full-gpu" in job.req.require and unit.kind == "mig":
-        return f"MIG device {unit.mig_profile}, not a full GPU ({A_REQUIRE}: full-gpu)"
-    if "mig" in job.req.require and unit.kind == "gpu":
-        return f"full GPU, not a MIG device ({A_REQUIRE}: mig)"
-    return None
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -345,7 +217,8 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
         now: current time for the staleness check; None skips it.
         unit_verdicts: a memo shared by calls for the same job (and policy): what does not
             depend on the allocation (every per-unit criterion, the device count, NVLink among
-            all units) is decided once per node structure. None: decided here.
+            all units) is decided once per node structure. None: decided here. Not used for a
+            job a criterion over often-changing fields applies to (``criteria.per_node_fields``).
 
     Returns:
         ``NodeResult`` with every failing reason, or the chosen units when the node passes.
@@ -367,6 +240,8 @@ def _filter_node(job: Job, state: NodeState, policy: Policy, now: dt.datetime | 
     view = state.view
     assert view is not None
     resource = req.resource or ""
+    if unit_verdicts is not None and criteria.per_node_fields(job):
+        unit_verdicts = None  # its keys leave often-changing fields out: this node's own values decide
     if unit_verdicts is None:
         rejections, eligible_at = _structure_verdict(view, job, None)
     else:
@@ -522,25 +397,9 @@ def _structure_verdict(view: NodeView, job: Job, memo: UnitVerdicts | None
     return tuple(rejections), tuple(eligible_at)
 
 
-# Every per-unit criterion, in check order: (name, function). A new criterion is one function of
-# (unit, job) returning a reason or None, one name in CRITERIA and one row here; the equivalence
-# layer keys units on every Unit field (fast.equivalence), so it needs no change.
-UNIT_CRITERIA: tuple[tuple[str, UnitCheck], ...] = (
-    (C_HEALTHY, check_healthy),
-    (C_RUNTIME, check_runtime),
-    (C_MODEL, check_model_allowed),
-    (C_CLASS, check_class_allowed),
-    (C_TENANT, check_tenant_allowed),
-    (C_CC, check_compute_capability),
-    (C_VRAM, check_vram),
-    (C_ECC, check_ecc),
-    (C_DEVICE_KIND, check_device_kind),
-)
-
-
 def _unit_failures(u: Unit, job: Job) -> tuple[tuple[str, str], ...]:
     """(criterion, message) of each per-unit criterion ``u`` fails for ``job``, in check order."""
-    return tuple((criterion, msg) for criterion, check in UNIT_CRITERIA if (msg := check(u, job)) is not None)
+    return tuple((name, msg) for name, check in criteria.UNIT_CRITERIA if (msg := check(u, job)) is not None)
 
 
 def _remembered_unit_failures(u: Unit, job: Job, props: Hashable, memo: UnitVerdicts) -> tuple[tuple[str, str], ...]:

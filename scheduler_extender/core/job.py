@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.estimate import VramEstimate, estimate_vram
 from scheduler_extender.core.policy import Policy, SizeClass
 from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
+from scheduler_extender.core.annotations import BUILTIN_ANNOTATIONS, Annotation
 from scheduler_extender.core.requirements import A_CLASS, A_MODELS, JobRequirements, parse_pod
 from scheduler_extender.core.sharing import fraction_bytes
 from scheduler_extender.core.tenancy import UNRESTRICTED, TenantGrant, resolve_tenancy
@@ -107,7 +108,8 @@ def tenant_denial(req: JobRequirements, size_class: SizeClass, class_reason: str
 
 
 def resolve_job(pod: Pod | Mapping[str, Any], policy: Policy, catalog: Catalog,
-                namespace_labels: Mapping[str, str] | None = None) -> Job:
+                namespace_labels: Mapping[str, str] | None = None,
+                annotations: Sequence[Annotation] = BUILTIN_ANNOTATIONS) -> Job:
     """Parse a pod (a ``core.pod.Pod``, or a decoded ``v1.Pod``: ``as_pod``) and resolve it
     against the policy. Never raises for bad pod content: a field of the wrong type is the job's
     error, naming the field.
@@ -120,7 +122,7 @@ def resolve_job(pod: Pod | Mapping[str, Any], policy: Policy, catalog: Catalog,
         pod = as_pod(pod)
     except PodShapeError:
         pass  # parse_pod reports it
-    req = parse_pod(pod, catalog, class_names)
+    req = parse_pod(pod, catalog, class_names, annotations)
     workload = req.workload or (policy.defaults.workload if req.params is not None else None)
     vram: VramEstimate | None = None
     if req.vram_bytes is not None:

@@ -17,9 +17,11 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from node_agent.inventory import NoAliasLoader, format_validation_error
+from scheduler_extender.core.components import COMPONENTS, FRAG_DEFAULT, ScoreComponent  # noqa: F401 - FRAG_DEFAULT: re-exported
 from scheduler_extender.core.catalog import Catalog, CatalogEntry, Tier, UnknownModelError, default_catalog
 from scheduler_extender.core.estimate import EstimatorSettings
 from scheduler_extender.core.quantity import GIB, GB
@@ -129,28 +131,24 @@ class Defaults(_Strict):
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4"] = "bf16"
 
 
-FRAG_DEFAULT = 100
+def _weight_field(c: ScoreComponent) -> Any:
+    alias = c.name if c.name != c.field_name else None
+    return (float, Field(default=c.default_weight, ge=0, alias=alias, description=c.description or None))
 
 
-class ScoringWeights(_Strict):
-    """Relative weight of each score component; the score is their weighted mean, x10."""
-
-    cost: float = Field(default=5, ge=0)
-    vram_fit: float = Field(default=2, alias="vramFit", ge=0)
-    mig: float = Field(default=1.5, ge=0)
-    throughput: float = Field(default=1, ge=0)
-    nvlink: float = Field(default=1, ge=0)
-    ecc: float = Field(default=1, ge=0)
-    packing: float = Field(default=2, ge=0)
-    fragmentation: float = Field(
-        default=FRAG_DEFAULT, ge=0,
-        description="Keep free GPUs usable by the pods the cluster sees (FGD, Weng et al., ATC'23); applies "
-                    "when the extender has learned the workload.")
-
+class _Weights(_Strict):
     def by_component(self) -> dict[str, float]:
         """Weight per score component, by the component's name (the field's name in the policy:
         ``vramFit``, ``fragmentation``, ...): what the score weighs and explain reports."""
         return {(f.alias or name): getattr(self, name) for name, f in type(self).model_fields.items()}
+
+
+ScoringWeights = create_model(
+    "ScoringWeights", __base__=_Weights, __doc__="Relative weight of each score component; the score is their "
+                                                 "weighted mean, x10.",
+    __module__=__name__, **{c.field_name: _weight_field(c) for c in COMPONENTS})
+"""One weight per score component declared in ``core.components`` (``vram_fit`` for ``vramFit``),
+>= 0, defaulting to the declaration's."""
 
 
 class Policy(_Strict):
@@ -168,7 +166,7 @@ class Policy(_Strict):
     classes: list[SizeClass] = Field(min_length=1)
     rules: list[ClassRule] = Field(min_length=1, description="First rule that matches wins.")
     default_class: str = Field(alias="defaultClass", description="Class of a job no rule matches.")
-    scoring: ScoringWeights = ScoringWeights()
+    scoring: ScoringWeights = ScoringWeights()  # type: ignore[valid-type]  # built from core.components
     tenants: list[Tenant] = Field(
         default_factory=list,
         description="Namespaces and the classes and models their pods may use; first tenant that matches wins.")

@@ -12,14 +12,14 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Hashable, Mapping, Sequence
 
+from scheduler_extender.core.annotations import BUILTIN_ANNOTATIONS, PREFIX, Annotation
 from scheduler_extender.core.catalog import Catalog, UnknownModelError
 from scheduler_extender.core.pod import SHOWN_CHARS, FieldError, Pod, PodShapeError, as_pod, cut, shown  # noqa: F401 - SHOWN_CHARS, cut: re-exported
 from scheduler_extender.core.pod_requests import AMD_GPU, MIG_PREFIX, NVIDIA_GPU, pod_requests
 from scheduler_extender.core.quantity import QuantityError, parse_quantity
 
-PREFIX = "gpuplace.io/"
 A_PARAMS = PREFIX + "model-params"
 A_WORKLOAD = PREFIX + "workload"
 A_PRECISION = PREFIX + "precision"
@@ -33,10 +33,9 @@ A_PREFER = PREFIX + "prefer"
 A_RUNTIME = PREFIX + "runtime"
 A_CLASS = PREFIX + "class"
 A_FRACTION = PREFIX + "gpu-fraction"
-KNOWN_ANNOTATIONS = frozenset({
-    A_PARAMS, A_WORKLOAD, A_PRECISION, A_SHARDING, A_VRAM, A_MODELS, A_EXCLUDE,
-    A_MIN_CC, A_REQUIRE, A_PREFER, A_RUNTIME, A_CLASS, A_FRACTION,
-})
+KNOWN_ANNOTATIONS = frozenset(a.key for a in BUILTIN_ANNOTATIONS)
+"""The keys ``parse_pod`` reads itself (``core.annotations``); criteria may declare more
+(``core.criteria.ANNOTATIONS`` is every known key)."""
 
 _MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-((?:\d{1,2}c\.)?\d{1,2}g\.\d{1,4}gb)((?:[.-][a-z]{1,8}){0,3})$", re.ASCII)
 
@@ -99,15 +98,15 @@ UNKNOWN_KEYS_NAMED = 3
 a pod with thousands of them costs a few nearest-key look-ups, not thousands."""
 
 
-def _unknown_keys(keys: list[str]) -> list[AnnotationError]:
-    """An error per unknown ``gpuplace.io/`` key (the first :data:`UNKNOWN_KEYS_NAMED`, sorted),
-    naming the nearest known key (``difflib``'s ratio >= 0.6) or, without one, all of them."""
-    unknown = sorted(k for k in keys if k not in KNOWN_ANNOTATIONS)
+def _unknown_keys(keys: list[str], known: frozenset[str]) -> list[AnnotationError]:
+    """An error per key not in ``known`` (the first :data:`UNKNOWN_KEYS_NAMED`, sorted), naming
+    the nearest known key (``difflib``'s ratio >= 0.6) or, without one, all of them."""
+    unknown = sorted(k for k in keys if k not in known)
     errors = []
     for key in unknown[:UNKNOWN_KEYS_NAMED]:
-        near = difflib.get_close_matches(key, sorted(KNOWN_ANNOTATIONS), n=1)
+        near = difflib.get_close_matches(key, sorted(known), n=1)
         hint = (f"did you mean {near[0]}?" if near
-                else f"the pod annotations are {', '.join(sorted(KNOWN_ANNOTATIONS))}")
+                else f"the pod annotations are {', '.join(sorted(known))}")
         errors.append(AnnotationError(cut(key), f"not a gpuplace.io pod annotation; {hint}"))
     if len(unknown) > UNKNOWN_KEYS_NAMED:
         errors.append(AnnotationError(PREFIX + "*", f"{len(unknown) - UNKNOWN_KEYS_NAMED} more unknown gpuplace.io/ keys"))
@@ -146,7 +145,17 @@ class JobRequirements:
     gpu_fraction_milli: int | None = None  # gpuplace.io/gpu-fraction, thousandths of one GPU
     cpu_milli: int | None = None  # the pod's CPU request, millicores (core.pod_requests); None: unknown
     memory_bytes: int | None = None  # ... and memory request, bytes
+    declared: tuple[tuple[str, Hashable], ...] = ()
+    """(key, parsed value) of the annotations criteria declare (``core.criteria``), in declaration
+    order; only those the pod gives and that parsed. Read with ``value``."""
     errors: tuple[AnnotationError, ...] = field(default=())
+
+    def value(self, key: str) -> Hashable | None:
+        """The parsed value of the declared annotation ``key``; None when the pod does not give it."""
+        for k, v in self.declared:
+            if k == key:
+                return v
+        return None
 
     @property
     def key(self) -> str:
@@ -247,7 +256,8 @@ def _constraints(annotations: Mapping[str, str], key: str, errors: list[Annotati
     return frozenset(tokens)
 
 
-def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple[str, ...] = ()) -> JobRequirements:
+def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple[str, ...] = (),
+              annotations: Sequence[Annotation] = BUILTIN_ANNOTATIONS) -> JobRequirements:
     """Read a pod's GPU request and annotations.
 
     Args:
@@ -255,6 +265,9 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
             of the wrong type is the requirements' one error, naming the field).
         catalog: resolves ``gpu-models`` tokens to catalog ids.
         class_names: the policy's class names, for ``gpuplace.io/class``.
+        annotations: every known annotation (``core.criteria.ANNOTATIONS``: the built-in ones and
+            those criteria declare); a ``gpuplace.io/`` key not among them is an error, and those
+            with a ``parse`` function are parsed into ``declared``.
 
     Returns:
         The requirements; ``errors`` lists every unusable field (never raises for bad input).
@@ -266,10 +279,11 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
                                errors=(AnnotationError(e.field, e.message),))
     ours = {k: v for k, v in pod.annotations.items() if k.startswith(PREFIX)}
     # A misspelt key (gpuplace.io/vrma) would silently drop the user's constraint: refuse it.
-    errors: list[AnnotationError] = _unknown_keys(list(ours))
+    errors: list[AnnotationError] = _unknown_keys(list(ours), _known_keys(annotations))
     for key in [k for k, v in ours.items() if len(str(v)) > MAX_VALUE_CHARS]:
         errors.append(AnnotationError(key, f"{shown(ours.pop(key))} is longer than {MAX_VALUE_CHARS} characters; "
                                            "no gpuplace.io annotation needs that many"))
+    declared = _declared(ours, annotations, errors)
 
     asked = pod_requests(pod)
     requests = asked.gpu
@@ -372,8 +386,40 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
         cpu_milli=asked.cpu_milli,
         memory_bytes=asked.memory_bytes,
         gpu_fraction_milli=gpu_fraction_milli,
+        declared=declared,
         errors=tuple(errors),
     )
+
+
+_KNOWN_KEYS: dict[int, tuple[tuple[Annotation, ...], frozenset[str]]] = {}
+
+
+def _known_keys(annotations: Sequence[Annotation]) -> frozenset[str]:
+    """The keys of ``annotations``; computed once per module-level tuple (kept by identity, with
+    the tuple itself, so that an identity is never reused)."""
+    hit = _KNOWN_KEYS.get(id(annotations))
+    if hit is not None and hit[0] is annotations:
+        return hit[1]
+    keys = frozenset(a.key for a in annotations)
+    if isinstance(annotations, tuple) and len(_KNOWN_KEYS) < 16:  # a handful of tables; never grows with requests
+        _KNOWN_KEYS[id(annotations)] = (annotations, keys)
+    return keys
+
+
+def _declared(ours: Mapping[str, Any], annotations: Sequence[Annotation],
+              errors: list[AnnotationError]) -> tuple[tuple[str, Hashable], ...]:
+    """(key, value) of the declared annotations (those with ``parse``) the pod gives; a value
+    ``parse`` refuses is an error naming the annotation and its accepted form."""
+    out = []
+    for a in annotations:
+        if a.parse is None or a.key not in ours:
+            continue
+        text = str(ours[a.key]).strip()
+        try:
+            out.append((a.key, a.parse(text)))
+        except ValueError:
+            errors.append(AnnotationError(a.key, f"{shown(ours[a.key])} is not {a.form}"))
+    return tuple(out)
 
 
 def _gpu_fraction(annotations: Mapping[str, str], resource: str | None, count: int,

@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from scheduler_extender.core.components import COMPONENTS
 from scheduler_extender.core.devices import MILLI, NodeState, Unit, free_units
 from scheduler_extender.core.filter import NodeResult, find_nvlink_group
 from scheduler_extender.core.job import Job
@@ -261,9 +262,123 @@ def fragmentation_values(deltas: Mapping[str, float]) -> dict[str, float]:
     return {k: max(0.0, 1.0 - (d - best) / FRAG_SCALE_GPUS) for k, d in deltas.items()}
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """What a component compares one candidate with, computed once per ``score_nodes`` call: the
+    pod, the policy, every candidate's placement cost (USD per hour, by node), the cheapest, the
+    best memory bandwidth and BF16 TFLOPS among the chosen units, and the ``fragmentation``
+    values (empty: that component does not apply, ``packing`` does)."""
+
+    job: Job
+    policy: Policy
+    costs: Mapping[str, float]
+    min_cost: float
+    best_bw: float
+    best_tflops: float
+    fragmentation: Mapping[str, float]
+
+
+ComponentValue = Callable[[Candidates, NodeState, NodeResult], "float | None"]
+COMPONENT_VALUES: dict[str, ComponentValue] = {}
+"""Each declared component's function (``core.components``), by name: the candidate's value in
+[0, 1], or None where the component does not apply to this pod."""
+
+
+def component(name: str) -> Callable[[ComponentValue], ComponentValue]:
+    """Register the function of the component declared as ``name`` in ``core.components``."""
+    def register(fn: ComponentValue) -> ComponentValue:
+        if name not in {c.name for c in COMPONENTS} or name in COMPONENT_VALUES:
+            raise ValueError(f"score component {name!r}: not declared in core.components, or registered twice")
+        COMPONENT_VALUES[name] = fn
+        return fn
+    return register
+
+
+def _share(units: Sequence[Unit], test: Callable[[Unit], bool]) -> float:
+    return sum(1 for u in units if test(u)) / len(units)
+
+
+@component("cost")
+def _cost(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    cost = c.costs[result.node]
+    return c.min_cost / cost if cost > 0 else 1.0
+
+
+@component("vramFit")
+def _vram_fit(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    vram = c.job.vram
+    if vram is None:
+        return None
+    units = result.chosen
+    return sum(min(1.0, vram.bytes_per_gpu / u.memory_bytes) for u in units) / len(units)
+
+
+@component("mig")
+def _mig(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    if "full-gpu" in c.job.req.prefer:
+        return _share(result.chosen, lambda u: u.kind == "gpu")
+    if c.job.size_class.prefer_mig or "mig" in c.job.req.prefer:
+        return _share(result.chosen, lambda u: u.kind == "mig")
+    return None
+
+
+@component("throughput")
+def _throughput_component(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    if c.job.workload not in ("training", "finetune-lora"):
+        return None
+    units = result.chosen
+    return sum(_throughput(u, c.best_bw, c.best_tflops) for u in units) / len(units)
+
+
+@component("nvlink")
+def _nvlink(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    n = c.job.req.gpu_count
+    if "nvlink" not in c.job.req.prefer or n <= 1:
+        return None
+    return 1.0 if find_nvlink_group(result.chosen, n) is not None else 0.0
+
+
+@component("ecc")
+def _ecc(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    if "ecc" not in c.job.req.prefer:
+        return None
+    return _share(result.chosen, lambda u: u.ecc_enabled is True)
+
+
+@component("packing")
+def _packing_component(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    return None if c.fragmentation else _packing(state, result, c.job)
+
+
+@component("fragmentation")
+def _fragmentation(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+    return c.fragmentation.get(result.node) if c.fragmentation else None
+
+
+def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
+                          workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, float]:
+    """The ``fragmentation`` component's values (``fragmentation_values``) where it applies: a
+    learned workload, a weight, and candidates it tells apart; else empty."""
+    if not workload or policy.scoring.fragmentation <= 0 or not gpu_pods:
+        return {}
+    resource = job.req.resource or ""
+    deltas = {}
+    for s, r in gpu_pods:
+        free = free_models(s, resource)
+        deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
+                          + host_stranding_delta(job, s, r.chosen, workload, free)
+                          + (scarcity_delta(job, s, r.chosen, scarcity) if scarcity else 0.0))
+    frag = fragmentation_values(deltas)
+    # Telling no candidate apart, it is left out: the other components keep their full say.
+    return {} if len(set(frag.values())) == 1 else frag
+
+
 def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
                 workload: WorkloadProfile | None = None, scarcity: Mapping[str, float] | None = None) -> list[NodeScore]:
     """Score every node that passed the filter; pods the filter left untouched score 0.
+
+    Each declared component (``core.components``, functions ``COMPONENT_VALUES``) that applies
+    gives a value in [0, 1]; the score is their weighted mean (policy weights) x10, rounded.
 
     Args:
         job: the resolved pod.
@@ -277,61 +392,27 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
     Returns:
         One ``NodeScore`` per input, in input order.
     """
-    w = policy.scoring
     if job.req.resource is None:
         return _score_without_devices(job, passed, policy, workload)
     gpu_pods = [(s, r) for s, r in passed if r.chosen]
     costs = {r.node: placement_cost(r.chosen, policy) for _, r in gpu_pods}
-    min_cost = min(costs.values(), default=0.0)
     all_units = [u for _, r in gpu_pods for u in r.chosen]
-    best_bw = max((u.memory_bandwidth_gbps or 0 for u in all_units), default=0.0)
-    best_tflops = max((u.bf16_tflops or 0 for u in all_units), default=0.0)
-    req = job.req
-    n = req.gpu_count
-    wants_mig = job.size_class.prefer_mig or "mig" in req.prefer
-    training = job.workload in ("training", "finetune-lora")
-    frag: dict[str, float] = {}
-    if workload and w.fragmentation > 0 and gpu_pods:
-        resource = req.resource or ""
-        deltas = {}
-        for s, r in gpu_pods:
-            free = free_models(s, resource)
-            deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
-                              + host_stranding_delta(job, s, r.chosen, workload, free)
-                              + (scarcity_delta(job, s, r.chosen, scarcity) if scarcity else 0.0))
-        frag = fragmentation_values(deltas)
-        if len(set(frag.values())) == 1:
-            frag = {}  # tells no candidate apart: leave the other components their full say
-
-    weight_of = w.by_component()
+    candidates = Candidates(
+        job, policy, costs, min(costs.values(), default=0.0),
+        max((u.memory_bandwidth_gbps or 0 for u in all_units), default=0.0),
+        max((u.bf16_tflops or 0 for u in all_units), default=0.0),
+        _fragmentation_values(job, gpu_pods, policy, workload, scarcity))
+    weight_of = policy.scoring.by_component()
+    values = [(c.name, COMPONENT_VALUES[c.name]) for c in COMPONENTS]
     out: list[NodeScore] = []
     for state, result in passed:
         if not result.chosen:
             out.append(NodeScore(result.node, 0, {}, 0.0))
             continue
-        units = result.chosen
-        comps: dict[str, float] = {}
-        cost = costs[result.node]
-        comps["cost"] = min_cost / cost if cost > 0 else 1.0
-        if job.vram is not None:
-            comps["vramFit"] = sum(min(1.0, job.vram.bytes_per_gpu / u.memory_bytes) for u in units) / len(units)
-        if "full-gpu" in req.prefer:
-            comps["mig"] = sum(u.kind == "gpu" for u in units) / len(units)
-        elif wants_mig:
-            comps["mig"] = sum(u.kind == "mig" for u in units) / len(units)
-        if training:
-            comps["throughput"] = sum(_throughput(u, best_bw, best_tflops) for u in units) / len(units)
-        if "nvlink" in req.prefer and n > 1:
-            comps["nvlink"] = 1.0 if find_nvlink_group(units, n) is not None else 0.0
-        if "ecc" in req.prefer:
-            comps["ecc"] = sum(u.ecc_enabled is True for u in units) / len(units)
-        if frag:
-            comps["fragmentation"] = frag[result.node]
-        else:
-            comps["packing"] = _packing(state, result, job)
+        comps = {name: v for name, fn in values if (v := fn(candidates, state, result)) is not None}
         weights = {k: weight_of[k] for k in comps}
         value = _weighted_mean(comps, weights)
-        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, cost, value=value,
+        out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, costs[result.node], value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
     return _last_resort(job, gpu_pods, out)
 
@@ -385,3 +466,7 @@ def _last_resort(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], sco
     return [dataclasses.replace(s, score=0, last_resort=True) if s.node in flagged
             else dataclasses.replace(s, score=max(1, s.score)) if s.node in chosen else s
             for s in scores]
+
+
+if set(COMPONENT_VALUES) != {c.name for c in COMPONENTS}:  # a declared component without its function
+    raise ImportError(f"score components without a function: {sorted({c.name for c in COMPONENTS} - set(COMPONENT_VALUES))}")

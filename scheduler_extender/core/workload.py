@@ -323,6 +323,13 @@ class WorkloadTracker:
         if self._count >= self._min and (self._profile is EMPTY_PROFILE or self._since >= self._refresh):
             self._snapshot()
 
+    def observe_job(self, job: Job, key: str | None = None) -> None:
+        """Count one resolved pod (``demand_shape``; one without a shape counts as nothing): how
+        the extender learns from the pods it is asked about, and the simulator likewise."""
+        shape = demand_shape(job)
+        if shape is not None:
+            self.observe(shape, key)
+
     def _snapshot(self) -> None:
         self._since = 0
         self._version += 1

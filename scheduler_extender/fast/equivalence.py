@@ -39,6 +39,7 @@ import itertools
 import operator
 from typing import Callable, Collection, Hashable
 
+from scheduler_extender.core.criteria import OFTEN_CHANGING_UNIT_FIELDS
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
 
 _VIEW_SIGNATURE = "_gpuplace_signature"
@@ -59,20 +60,25 @@ STRUCTURAL_UNIT_FIELDS = {
     "nvlink_peers": "kept as positions (the topology), not as UUIDs; whether a unit has any is a property",
 }
 """``Unit`` fields the per-unit properties leave out, and where the key holds them instead. Every
-other field, including one added later, is a property (``unit_key_fields``)."""
+other field, including one added later, is a property (``unit_key_fields``), except those a
+criterion declares as changing often (``core.criteria.OFTEN_CHANGING_UNIT_FIELDS``, a temperature):
+keyed, they would split the classes at every inventory; the engine decides a job such a
+criterion applies to on each node's own values (``GroupedEngine.filter_grouped``)."""
 
 _KEY_GETTERS: dict[type, tuple[tuple[str, ...], Callable[[Unit], tuple[Hashable, ...]], int | None]] = {}
 
 
 def unit_key_fields(cls: type = Unit) -> tuple[str, ...]:
-    """The fields of a unit class that are part of its properties: all but ``STRUCTURAL_UNIT_FIELDS``."""
+    """The fields of a unit class that are part of its properties: all but ``STRUCTURAL_UNIT_FIELDS``
+    and ``OFTEN_CHANGING_UNIT_FIELDS``."""
     return _key_getter(cls)[0]
 
 
 def _key_getter(cls: type) -> tuple[tuple[str, ...], Callable[[Unit], tuple[Hashable, ...]], int | None]:
     found = _KEY_GETTERS.get(cls)
     if found is None:
-        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in STRUCTURAL_UNIT_FIELDS)
+        names = tuple(f.name for f in dataclasses.fields(cls)
+                      if f.name not in STRUCTURAL_UNIT_FIELDS and f.name not in OFTEN_CHANGING_UNIT_FIELDS)
         get = operator.attrgetter(*names)
         found = _KEY_GETTERS[cls] = (names, get if len(names) > 1 else (lambda u: (get(u),)),  # type: ignore[assignment]
                                      names.index("entry") if "entry" in names else None)
@@ -265,6 +271,23 @@ def state_key(state: NodeState, resource: str | None) -> int:
         number = next(_next_class)
     keys[resource] = number
     return number
+
+
+def with_own_values(states: list[NodeState], keys: list[int], resource: str | None, fields: tuple[str, ...]) -> list[int]:
+    """``keys`` (the states' ``state_keys``) split by the states' own values of the often-changing
+    unit ``fields`` (``core.criteria.per_node_fields``), for one job a criterion over them applies
+    to: states with equal keys and equal values of those fields (per unit of ``resource``, in
+    order) keep equal keys. A negative key (a node decided on its own) stays as it is."""
+    out = []
+    for state, key in zip(states, keys):
+        view = state.view
+        units = view.units(resource) if view is not None and resource is not None else ()
+        values = tuple(getattr(u, f) for u in units for f in fields)
+        try:
+            out.append(key if key < 0 else _intern(("own-values", key, values)))
+        except TypeError:  # an unhashable value: a class of its own
+            out.append(next(_next_class))
+    return out
 
 
 def state_keys(states: list[NodeState], resource: str | None) -> list[int]:

@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, NodeView
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.fast.equivalence import state_keys, unit_properties, view_class
+from scheduler_extender.core.criteria import per_node_fields
+from scheduler_extender.fast.equivalence import state_keys, unit_properties, view_class, with_own_values
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
@@ -347,7 +348,9 @@ class GroupedEngine(Engine):
 
         Every node gets its class's verdict and reasons, which are what ``filter_node`` would give
         it (``tests/unit/test_equivalence.py`` checks this node by node). A node whose inventory is
-        stale is decided on its own: its reason names its own age. ``keys``: the states'
+        stale is decided on its own: its reason names its own age. For a job a criterion over
+        often-changing fields applies to (``core.criteria.per_node_fields``), the classes are
+        split by the nodes' own values of those fields, for this job only. ``keys``: the states'
         ``state_keys`` for ``job.req.resource`` when the caller has them already; ``groups``: the
         states' ``group_nodes`` for that resource, when the caller has that already.
         """
@@ -367,6 +370,10 @@ class GroupedEngine(Engine):
                                      or inventory_rejection(s, policy, now) is None) else -1 - i
                    for i, (s, g) in enumerate(zip(states, groups.group_of))]
             groups = group_nodes(states, own)
+        own_fields = per_node_fields(job)
+        if own_fields:  # a criterion over often-changing fields (a temperature): each node's own values decide
+            groups = group_nodes(states, with_own_values(
+                states, [groups.class_keys[g] for g in groups.group_of], job.req.resource, own_fields))
         job_key = _job_key(job)
         memo, unit_verdicts = self._job_memo(job_key)
         reps: list[NodeState] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from scheduler_extender.core.filter import CRITERIA
+from scheduler_extender.core.criteria import CRITERION_NAMES
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Seconds; up to kube-scheduler's default extender httpTimeout (5 s)."""
@@ -31,7 +31,7 @@ class ExtenderMetrics:
         self.rejections = Counter(
             "gpuplace_extender_node_rejections_total", "Nodes rejected by the filter, by criterion.",
             ["criterion"], registry=r)
-        for criterion in CRITERIA:  # every series from the start, at 0: a rate() over it never starts missing
+        for criterion in CRITERION_NAMES:  # every series from the start, at 0: a rate() over it never starts missing
             self.rejections.labels(criterion)
         self.placements = Counter(
             "gpuplace_extender_placements_total",

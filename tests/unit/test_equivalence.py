@@ -212,13 +212,16 @@ def _h100_state():
     return state_of(doc)
 
 
-def test_every_unit_field_but_the_structural_ones_is_part_of_the_class_key():
+def test_every_unit_field_but_the_structural_and_often_changing_ones_is_part_of_the_class_key():
+    from scheduler_extender.core.criteria import OFTEN_CHANGING_UNIT_FIELDS
     from scheduler_extender.fast.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
 
     base = _h100_state()
     resource = "nvidia.com/gpu"
     one = base.view.units(resource)[0]
-    assert set(unit_key_fields()) == {f.name for f in dataclasses.fields(one)} - set(STRUCTURAL_UNIT_FIELDS)
+    assert OFTEN_CHANGING_UNIT_FIELDS == {"temperature_c"}
+    assert set(unit_key_fields()) == ({f.name for f in dataclasses.fields(one)} - set(STRUCTURAL_UNIT_FIELDS)
+                                      - OFTEN_CHANGING_UNIT_FIELDS)
     changed = {"kind": "mig", "vendor": "amd", "name": "NVIDIA H100 NVL", "entry": None, "mig_profile": "7g.80gb",
                "memory_bytes": one.memory_bytes - 1, "healthy": False, "health_reason": "XID 79",
                "ecc_enabled": not one.ecc_enabled, "compute_capability": (9, 1), "cost_fraction": 0.5,
@@ -252,7 +255,7 @@ def test_a_criterion_on_a_new_unit_field_splits_otherwise_identical_gpus_into_cl
 def test_a_new_criterion_on_the_power_limit_is_decided_right_per_node_with_no_change_to_the_equivalence_layer(monkeypatch):
     """Issue 16's acceptance: a newcomer's criterion (a maximum power limit) is one function and
     one row of UNIT_CRITERIA; nodes whose GPUs differ only in that field are not merged."""
-    from scheduler_extender.core import filter as criteria
+    from scheduler_extender.core import criteria
 
     def check_max_power(unit, job):
         if unit.power_limit_w is not None and unit.power_limit_w > 400:

@@ -28,7 +28,9 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import build_node_view
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, parse_policy
-from scheduler_extender.core.requirements import KNOWN_ANNOTATIONS
+from scheduler_extender.core.criteria import ANNOTATIONS
+
+KNOWN_ANNOTATIONS = frozenset(a.key for a in ANNOTATIONS)  # the built-in ones and those criteria declare
 from scheduler_extender.service.server import ExtenderService, create_app
 from scheduler_extender.cluster.sources import ClusterSource, StaticSource
 from tests.factories import EXAMPLES, ROOT, example_inventory, pod

@@ -113,7 +113,7 @@ def rejections(text: str) -> dict[str, float]:
 
 
 def test_every_criterion_has_its_rejection_series_from_the_start():
-    from scheduler_extender.core.filter import CRITERIA
+    from scheduler_extender.core.criteria import CRITERION_NAMES as CRITERIA
     service = ExtenderService(Engine(), StaticSource(EXAMPLES / "cluster", default_catalog()))
     with TestClient(create_app(service)) as fresh:
         before = rejections(fresh.get("/metrics").text)
