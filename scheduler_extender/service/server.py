@@ -40,10 +40,11 @@ from scheduler_extender.core.job import Job
 from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
-from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker, demand_shape
+from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
 from scheduler_extender.fast.memo import BoundedMemo
+from scheduler_extender.fast.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource
@@ -208,11 +209,8 @@ class ExtenderService:
         self._engine = as_grouped(engine)
 
     def _learn(self, job: Any, pod: Pod) -> None:
-        shape = demand_shape(job)
-        if shape is None:
-            return
         with self._workload_lock:
-            self.workload.observe(shape, pod.uid)
+            self.workload.observe_job(job, pod.uid)
 
     def observe_pod(self, obj: Any) -> None:
         """Count ``obj`` (a v1.Pod from the API server: the pending-pods watch) in the learned
@@ -484,10 +482,9 @@ class ExtenderService:
         per_node = [scored.scores[i] for i in scored.score_of]
         # The score's other components break ties of the 0-10 integer (11 levels kube-scheduler
         # accepts): NodeScore.best_rank; kube-scheduler's own scores choose among what is left.
-        rank = {id(sc): sc.best_rank for sc in per_node if sc is not None}
-        top = max(rank.values(), default=None)
+        top, tied = best_ranked((i, sc.best_rank if sc is not None else None) for i, sc in enumerate(per_node))
         best = top[0] if top is not None else None
-        first_best = _tie_break(job, grouped, [i for i, sc in enumerate(per_node) if sc is not None and rank[id(sc)] == top])
+        first_best = _tie_break(job, grouped, tied)
         if first_best is not None:
             self._count_placement(job, scored.results[scored.score_of[first_best]])
             # One node, so that the reservation holds exactly where the pod will be bound.
@@ -502,7 +499,7 @@ class ExtenderService:
                 r = grouped.results[g]
                 if r.passed and (sc is None or name == chosen):
                     passing.append(name)
-                elif r.passed and rank[id(sc)] == top:
+                elif r.passed and sc.best_rank == top:
                     failed[name] = (f"passes, and gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another "
                                     f"node {best} ({top[1]:.3f}) alike; {chosen} is passed alone, so that the extender "
                                     "can hold the pod's GPUs there until kube-scheduler binds it")
@@ -545,15 +542,15 @@ class ExtenderService:
         """``_best_only_response`` for a pod without devices: the nodes of the best
         ``NodeScore.best_rank`` pass, the other passing nodes fail, resolvable, with both scores."""
         per_node = self._node_scores_without_devices(job, grouped)
-        top = max((sc.best_rank for sc in per_node if sc is not None), default=None)
-        passing: list[str] = []
+        top, passing = best_ranked((name, sc.best_rank if sc is not None else None) for name, sc in zip(names, per_node))
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        best = set(passing)
         for name, g, sc in zip(names, grouped.group_of, per_node):
             r = grouped.results[g]
-            if sc is not None and sc.best_rank == top:
-                passing.append(name)
-            elif sc is not None:
+            if name in best:
+                continue
+            if sc is not None:
                 failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
                                 f"{top[0]} ({top[1]:.3f}): this pod's CPU and memory would leave this node's free GPUs "
                                 "less usable (the extender's filter returns its best-scored node only)")

@@ -55,9 +55,10 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.fast.grouped import GroupedResults, as_grouped
+from scheduler_extender.fast.selection import best_ranked
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
-from scheduler_extender.core.workload import WorkloadTracker, demand_shape
+from scheduler_extender.core.workload import WorkloadTracker
 from scheduler_extender.simulator.cluster import MILLI, Cluster
 from scheduler_extender.simulator.model import SimPod
 
@@ -201,9 +202,7 @@ class GpuplacePolicy:
             i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)  # the default profile alone
             return None if i is None else (i, ())
         job, live, state_of, grouped = self._grouped(pod, cluster, fits)
-        shape = demand_shape(job)
-        if shape is not None:  # the extender learns from every pod it is asked about, placed or not
-            self.tracker.observe(shape)
+        self.tracker.observe_job(job)  # the extender learns from every pod it is asked about, placed or not
         verdicts = _by_class(live, state_of, grouped)
         if not any(r.passed and r.chosen for r in verdicts.values()):
             return None
@@ -260,10 +259,11 @@ class GpuplacePolicy:
         """kube-scheduler's pick (class docstring) from the extender's score per class
         (``by_class``) and ``NodeScore.best_rank`` per passing class (``rank``)."""
         if self.filter_returns_best and rank:
-            # ExtenderService._best_only_response: the others fail; kube-scheduler never scores them.
-            top = max(rank.values())
-            for cid, r in rank.items():
-                if r != top:
+            # As the server's /filter (fast.selection): the others fail; kube-scheduler never scores them.
+            _, best = best_ranked(rank.items())
+            kept = set(best)
+            for cid in rank:
+                if cid not in kept:
                     by_class[cid] = -np.inf
         # kube-scheduler adds the extender's 0-10 score x weight x 10 to its plugins' scores.
         keys = by_class[cluster.class_of] * (self.extender_weight * 10) + kube_scores(pod, cluster)
