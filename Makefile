@@ -72,7 +72,7 @@ test-minimums:
 	rm -rf $(VENV_MIN)
 	$(PYTHON) -m venv $(VENV_MIN)
 	$(VENV_MIN)/bin/pip install -q --upgrade pip
-	$(VENV_MIN)/bin/pip install -q --only-binary=:all: -c constraints/minimums.txt -e '.[test]'
+	$(VENV_MIN)/bin/pip install -q --only-binary=:all: -c constraints/minimums.txt -e '.[test]' -e ./testing
 	$(VENV_MIN)/bin/pip check
 	$(VENV_MIN)/bin/lint-imports
 	PATH="$$(hack/install-promtool.sh):$$PATH" $(VENV_MIN)/bin/pytest -q -p no:cacheprovider -m "not e2e and not images and not install"
