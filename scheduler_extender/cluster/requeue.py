@@ -44,7 +44,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.pod import Pod
-from scheduler_extender.fast.grouped import decision_job
+from scheduler_extender.served.grouped import decision_job
 
 
 class RequeueService(Protocol):

@@ -26,7 +26,7 @@ from scheduler_extender.core.gfd import gfd_labels
 from scheduler_extender.core.sharing import sharing_labels
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
-from scheduler_extender.fast.memo import BoundedMemo, content_digest, retained_bytes
+from scheduler_extender.served.memo import BoundedMemo, content_digest, retained_bytes
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ChangeLog(Protocol):
 FALLBACK_MEMO_ENTRIES = 50_000
 FALLBACK_MEMO_BYTES = 128 * 2**20
 """Bounds of the parsed-annotation memo. Each entry is charged what its node state keeps alive
-(``fast.memo.retained_bytes``, the catalog's rows left out): a parsed inventory holds 2.5x to 25x
+(``served.memo.retained_bytes``, the catalog's rows left out): a parsed inventory holds 2.5x to 25x
 its JSON text depending on its shape, so a fixed factor of the text would miss the bound."""
 MEMO_SHARED = (CatalogEntry, Catalog)
 """What every parsed view points to and the memo does not keep alive."""

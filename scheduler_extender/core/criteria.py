@@ -10,7 +10,7 @@ check: a function of (unit, job) returning a reason or None. From these declarat
 - ``UNIT_CRITERIA``: the per-unit checks ``core.filter`` runs on each device, in this order;
 - ``CRITERION_NAMES``: the names the metrics pre-create and explain reports;
 - ``OFTEN_CHANGING_UNIT_FIELDS``: unit fields the equivalence layer leaves out of its keys
-  (``fast.equivalence``), so that a changing temperature never splits the node classes; a job a
+  (``served.equivalence``), so that a changing temperature never splits the node classes; a job a
   criterion over them applies to (``per_node_fields``) is decided node by node on those fields.
 
 Adding a criterion is one ``Criterion`` in ``CRITERIA`` (and the ``Unit`` field it reads, when

@@ -40,7 +40,7 @@ class Unit:
 
     A field named as a field of the inventory's ``GPU`` (``INVENTORY_FIELDS``) is copied from it,
     a MIG device's from its parent GPU: a new inventory field reaches the criteria by one line
-    here. A field is part of the equivalence layer's unit key by itself (``fast.equivalence``),
+    here. A field is part of the equivalence layer's unit key by itself (``served.equivalence``),
     unless a criterion declares it as changing often (``core.criteria.Reads``).
     """
 

@@ -2,8 +2,8 @@
 
 An ``Engine`` is immutable and bound to one policy and catalog; a policy reload builds a new one
 and swaps the reference, so a request never sees half a policy. The grouped path the extender
-serves, with its equivalence classes and memos, is the speed-up layer's
-(``scheduler_extender.fast.grouped``).
+serves, with its equivalence classes and memos, is the served layer's
+(``scheduler_extender.served.grouped``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Engine:
 
     ``filter`` runs every criterion on every node and ``score`` scores the ones that passed; the
     speed-ups that decide each class of alike nodes once and remember verdicts between requests
-    are ``scheduler_extender.fast.grouped.GroupedEngine``, which must give what this gives.
+    are ``scheduler_extender.served.grouped.GroupedEngine``, which must give what this gives.
     """
 
     def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:

@@ -178,7 +178,7 @@ def _resource_rejection(view: NodeView, job: Job) -> Rejection | None:
 # ---- composition ------------------------------------------------------------------------------
 
 class UnitVerdicts(Protocol):
-    """A memo ``filter_node`` may be given for the calls of one job (``fast.grouped.UnitVerdicts``
+    """A memo ``filter_node`` may be given for the calls of one job (``served.grouped.UnitVerdicts``
     is the one the grouped engine keeps): a mapping that also says under which keys to keep what
     does not depend on the allocation. Its keys are the speed-up layer's business; the filter
     only promises to store a verdict under the key the memo gives for what it was computed from.

@@ -141,7 +141,7 @@ class WorkloadProfile:
     def host_class(self, resource: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> Hashable:
         """Equal for free CPU/memory amounts that nothing here tells apart: nodes with the same
         free devices and the same ``host_class`` have the same ``fit_share``, ``fragmentation``
-        and ``host_stranding``, and the engine scores them once (``GroupedEngine.score_grouped`` (``fast.grouped``)). The
+        and ``host_stranding``, and the engine scores them once (``GroupedEngine.score_grouped`` (``served.grouped``)). The
         ranks (``host_ranks``), and the exact amount of each of CPU and memory the workload gives
         a mean request per device for (``host_stranding`` divides by it)."""
         cpu_mean, mem_mean = self.mean_request_per_device(resource)

@@ -32,9 +32,9 @@ from starlette.routing import Route
 
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.fast.grouped import (GroupedEngine, GroupedResults, NodeGroups, as_grouped, decision_job,
+from scheduler_extender.served.grouped import (GroupedEngine, GroupedResults, NodeGroups, as_grouped, decision_job,
                                              group_nodes, named_job)
-from scheduler_extender.fast.equivalence import state_key
+from scheduler_extender.served.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.kube_scores import default_profile_score
@@ -43,8 +43,8 @@ from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
-from scheduler_extender.fast.memo import BoundedMemo
-from scheduler_extender.fast.selection import best_ranked
+from scheduler_extender.served.memo import BoundedMemo
+from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource

@@ -54,8 +54,8 @@ import numpy as np
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.fast.grouped import GroupedResults, as_grouped
-from scheduler_extender.fast.selection import best_ranked
+from scheduler_extender.served.grouped import GroupedResults, as_grouped
+from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.workload import WorkloadTracker
@@ -259,7 +259,7 @@ class GpuplacePolicy:
         """kube-scheduler's pick (class docstring) from the extender's score per class
         (``by_class``) and ``NodeScore.best_rank`` per passing class (``rank``)."""
         if self.filter_returns_best and rank:
-            # As the server's /filter (fast.selection): the others fail; kube-scheduler never scores them.
+            # As the server's /filter (served.selection): the others fail; kube-scheduler never scores them.
             _, best = best_ranked(rank.items())
             kept = set(best)
             for cid in rank:

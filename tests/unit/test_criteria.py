@@ -15,8 +15,8 @@ from scheduler_extender.core.components import COMPONENTS
 from scheduler_extender.core.criteria import A_MAX_TEMPERATURE, C_TEMPERATURE
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view
 from scheduler_extender.core.policy import default_policy
-from scheduler_extender.fast.equivalence import state_keys
-from scheduler_extender.fast.grouped import GroupedEngine, group_nodes
+from scheduler_extender.served.equivalence import state_keys
+from scheduler_extender.served.grouped import GroupedEngine, group_nodes
 from scheduler_extender.service.explain import explain_decision
 from tests.factories import gpu, inventory, pod
 

@@ -12,8 +12,8 @@ from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
-from scheduler_extender.fast.grouped import GroupedEngine, with_host
-from scheduler_extender.fast.equivalence import _unit_properties, state_key
+from scheduler_extender.served.grouped import GroupedEngine, with_host
+from scheduler_extender.served.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.core.workload import DemandShape, WorkloadProfile
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod, with_nvlink_clique
@@ -214,7 +214,7 @@ def _h100_state():
 
 def test_every_unit_field_but_the_structural_and_often_changing_ones_is_part_of_the_class_key():
     from scheduler_extender.core.criteria import OFTEN_CHANGING_UNIT_FIELDS
-    from scheduler_extender.fast.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
+    from scheduler_extender.served.equivalence import STRUCTURAL_UNIT_FIELDS, unit_key_fields
 
     base = _h100_state()
     resource = "nvidia.com/gpu"

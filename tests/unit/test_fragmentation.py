@@ -370,7 +370,7 @@ def test_a_sharing_pod_is_given_the_gpu_with_the_least_share_left_that_holds_it(
 
 
 def test_states_that_differ_only_in_the_shares_left_are_not_one_equivalence_class():
-    from scheduler_extender.fast.equivalence import state_key
+    from scheduler_extender.served.equivalence import state_key
     a, b = shared_node("a", (500, 1000)), shared_node("b", (300, 1000))
     assert state_key(a, GPU) != state_key(b, GPU)
     assert state_key(a, GPU) == state_key(shared_node("c", (500, 1000)), GPU)

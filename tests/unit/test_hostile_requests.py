@@ -10,8 +10,8 @@ import pytest
 
 from scheduler_extender.service import server
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.fast.grouped import GroupedEngine
-from scheduler_extender.fast.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
+from scheduler_extender.served.grouped import GroupedEngine
+from scheduler_extender.served.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
 from scheduler_extender.service.server import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
 from scheduler_extender.service.wire import parse_extender_args
@@ -134,7 +134,7 @@ def test_rotations_of_one_node_list_keep_at_most_a_bounded_number_of_state_lists
 
 
 def test_full_node_objects_with_ever_new_inventories_keep_a_bounded_number_of_class_verdicts(service, monkeypatch):
-    from scheduler_extender.fast import grouped as engine_module
+    from scheduler_extender.served import grouped as engine_module
     from tests.factories import example_inventory
 
     monkeypatch.setattr(engine_module, "MEMO_CLASSES", 50)

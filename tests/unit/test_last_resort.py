@@ -8,7 +8,7 @@ import yaml
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import NodeAllocation, NodeState, build_node_view
-from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.core.filter import C_CLASS
 from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.gpuplace_cli import render_decision

@@ -10,8 +10,8 @@ import pytest
 from scheduler_extender.core.pod import as_pod
 from scheduler_extender.cluster.cache import CHANGE_LOG_SIZE, ClusterCache
 from scheduler_extender.core.catalog import default_catalog
-from scheduler_extender.fast.grouped import GroupedEngine
-from scheduler_extender.fast.grouped import frozen_value
+from scheduler_extender.served.grouped import GroupedEngine
+from scheduler_extender.served.grouped import frozen_value
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.service.server import ExtenderService
 from scheduler_extender.cluster.sources import ClusterSource

@@ -235,7 +235,7 @@ def test_a_requeued_pod_shares_the_decision_of_its_unmarked_siblings():
     marked = pod(name="b")
     marked["metadata"]["annotations"][REQUEUE_ANNOTATION] = "2026-11-21T15:00:00Z"
     engine = s.service.engine
-    from scheduler_extender.fast.grouped import decision_job
+    from scheduler_extender.served.grouped import decision_job
     assert decision_job(s.service.job_for(engine, as_pod(pod(name="a")))) is decision_job(s.service.job_for(engine, as_pod(marked)))
 
 

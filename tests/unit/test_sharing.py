@@ -11,7 +11,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import SharingSettings, load_policy
 from scheduler_extender.core.sharing import GpuSharing, node_gpu_sharing, sharing_labels
-from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.served.grouped import GroupedEngine
 from tests.factories import gpu, inventory, pod
 
 CAT = default_catalog()

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.core.workload import WorkloadTracker, demand_shape
 from scheduler_extender.simulator import report
 from scheduler_extender.simulator.baselines import BASELINES, GpuplacePolicy, KubeBaseline, make_policies

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.bench_replay import Fleet, pod_body, share_bounds, stand_in_rows
 from scheduler_extender.core.catalog import CatalogFileError, catalog_with_file, default_catalog
-from scheduler_extender.fast.grouped import GroupedEngine
+from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.simulator import device_plugin
 from scheduler_extender.simulator.baselines import GpuplacePolicy, KubeBaseline
 from scheduler_extender.simulator.cluster import Cluster

@@ -21,7 +21,7 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, NodeView
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.criteria import per_node_fields
-from scheduler_extender.fast.equivalence import state_keys, unit_properties, view_class, with_own_values
+from scheduler_extender.served.equivalence import state_keys, unit_properties, view_class, with_own_values
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
@@ -30,7 +30,7 @@ from scheduler_extender.core.workload import WorkloadProfile
 
 @dataclass(frozen=True)
 class GroupedResults:
-    """Filter verdicts for many nodes, decided once per equivalence class (``fast/equivalence.py``).
+    """Filter verdicts for many nodes, decided once per equivalence class (``served/equivalence.py``).
 
     Attributes:
         results: one ``NodeResult`` per class, for one node of the class (``results[g].node``; it
@@ -219,7 +219,7 @@ MEMO_SCORES = 256
 def with_host(state: NodeState, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
     """``state`` under another node's name and free CPU/memory (``score_grouped`` scores a node on
     its class's representative this way). The keys this layer keeps beside a state's fields
-    (``fast.equivalence``) depend on neither, so they carry over."""
+    (``served.equivalence``) depend on neither, so they carry over."""
     out = dataclasses.replace(state, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
     out.__dict__.update((k, v) for k, v in state.__dict__.items() if k not in _NODE_STATE_FIELDS)
     return out

@@ -46,7 +46,7 @@ _VIEW_SIGNATURE = "_gpuplace_signature"
 _STATE_KEY = "_gpuplace_equivalence_keys"
 HOST_FIELDS = ("cpu_milli_free", "memory_bytes_free")
 """Read by no filter criterion, only by the score's fragmentation component: left out of the key so
-that nodes differing only in free CPU/memory share filter verdicts; ``GroupedEngine.score_grouped`` (``fast.grouped``)
+that nodes differing only in free CPU/memory share filter verdicts; ``GroupedEngine.score_grouped`` (``served.grouped``)
 splits classes by them when that component applies."""
 _OTHER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeState)
                             if f.name not in ("name", "view", "allocation", *HOST_FIELDS))

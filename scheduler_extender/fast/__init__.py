@@ -1,1 +1,0 @@
-"""Speed-ups around the pure decision: bounded memos keyed by content. Above ``core``."""
