@@ -251,7 +251,7 @@ class ClusterCache:
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
-            self._states.pop(name, None)
+            self._invalidate(name)  # free CPU/memory moved: readers that keep states must see it
         same_inventory = (current is not None and current.annotation == annotation
                           and current.mig_strategy == mig_strategy and current.gfd == gfd
                           and current.sharing_labels == shared_by)
@@ -306,7 +306,7 @@ class ClusterCache:
         old = self._host_pods.pop(uid, None)
         if old is not None:
             self._host_by_node.get(old[0], set()).discard(uid)
-            self._states.pop(old[0], None)
+            self._invalidate(old[0])  # its free CPU/memory moved
 
     def _set_host_pod(self, uid: str, node: str | None, live: bool, asked: PodRequests) -> None:
         """Track the CPU/memory requests of every pod bound to a node (GPU or not)."""
@@ -319,7 +319,7 @@ class ClusterCache:
         self._remove_host_pod(uid)
         self._host_pods[uid] = entry
         self._host_by_node.setdefault(node, set()).add(uid)
-        self._states.pop(node, None)
+        self._invalidate(node)  # its free CPU/memory moved: the score and the tie break read them
 
     def _set_pod(self, obj: Mapping[str, Any]) -> None:
         try:

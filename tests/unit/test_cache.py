@@ -127,3 +127,36 @@ def test_snapshot_counts_an_over_commit_instead_of_hiding_it():
     c.apply_pod_event("ADDED", bound(pod({}, gpus=3, name="b"), "gpu-4090-0"))
     assert c.snapshot()["nodes"]["gpu-4090-0"]["resources"]["nvidia.com/gpu"] == {
         "allocatable": 4, "held": 6, "free": 0}
+
+
+def test_a_pod_without_gpus_binding_or_leaving_is_a_logged_change_so_readers_see_the_nodes_free_cpu():
+    """The free CPU and memory the score reads (fragmentation's host stranding, the best-only tie
+    break) move when any pod binds or leaves; a reader that keeps states between requests
+    (``ExtenderService``'s node index, ``changes_since``) must see it at its next request."""
+    from scheduler_extender.cluster.sources import ClusterSource
+    from scheduler_extender.core.engine import Engine
+    from scheduler_extender.service.server import ExtenderService
+    from scheduler_extender.service.wire import ExtenderArgs
+
+    c = ClusterCache(default_catalog())
+    node = node_obj("gpu-4090-0", example_inventory("gpu-4090-0"))
+    node["status"] = {"allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}}
+    c.replace_nodes([node])
+    c.replace_pods([])
+    c.replace_namespaces([])
+    service = ExtenderService(Engine(), ClusterSource(c, default_catalog()))
+
+    def free_cpu():
+        args = ExtenderArgs.model_validate({"Pod": pod(gpus=1), "NodeNames": ["gpu-4090-0"]})
+        states, _ = service._named_states(args.node_names(), "nvidia.com/gpu")
+        return states[0].cpu_milli_free
+
+    assert free_cpu() == 8000
+    generation = c.generation
+    web = pod(gpus=None, name="web")
+    web["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    c.apply_pod_event("ADDED", bound(web, "gpu-4090-0", "Running"))
+    assert c.changes_since(generation)[1] == {"gpu-4090-0"}
+    assert free_cpu() == 6000
+    c.apply_pod_event("DELETED", bound(web, "gpu-4090-0", "Running"))
+    assert free_cpu() == 8000
