@@ -34,6 +34,7 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.gfd import PROVENANCE as GFD_PROVENANCE, gfd_labels, inventory_from_labels
 from scheduler_extender.core.devices import NodeAllocation, NodeState, NodeView, build_node_view, resource_usage
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.node import as_node, node_name
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.requirements import cut
 from scheduler_extender.core.pod_requests import NVIDIA_GPU, PodRequests, pod_requests
@@ -238,16 +239,16 @@ class ClusterCache:
 
     # ---- nodes -------------------------------------------------------------------------------
     def _set_node(self, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        name = meta.get("name")
+        node = as_node(obj)
+        name = node.name
         if not name:
             return
-        annotation = (meta.get("annotations") or {}).get(ANNOTATION)
-        allocatable = gpu_allocatable(obj)
-        host = host_allocatable(obj)
-        mig_strategy = node_mig_strategy(obj, allocatable)
-        gfd = gfd_labels(obj) if annotation is None else ()
-        shared_by = sharing_labels(obj)
+        annotation = node.annotations.get(ANNOTATION)
+        allocatable = gpu_allocatable(node)
+        host = host_allocatable(node)
+        mig_strategy = node_mig_strategy(node, allocatable)
+        gfd = gfd_labels(node) if annotation is None else ()
+        shared_by = sharing_labels(node)
         current = self._nodes.get(name)
         if current is not None and current.host != host:
             current.host = host
@@ -274,7 +275,7 @@ class ClusterCache:
         with self._lock:
             self.stats.node_events += 1
             if event_type == "DELETED":
-                name = (obj.get("metadata") or {}).get("name")
+                name = node_name(obj)
                 self._nodes.pop(name, None)
                 self._invalidate(name)
                 self.stats.inventory_errors.pop(name, None)
@@ -287,7 +288,7 @@ class ClusterCache:
             seen = set()
             for obj in objs:
                 self._set_node(obj)
-                seen.add((obj.get("metadata") or {}).get("name"))
+                seen.add(node_name(obj))
             for name in list(self._nodes):
                 if name not in seen:
                     self._nodes.pop(name)

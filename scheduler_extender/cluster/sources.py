@@ -26,6 +26,7 @@ from scheduler_extender.core.gfd import gfd_labels
 from scheduler_extender.core.sharing import sharing_labels
 from scheduler_extender.core.catalog import Catalog, CatalogEntry
 from scheduler_extender.core.devices import NodeState, allocation_from_inventory, build_node_view, resource_usage
+from scheduler_extender.core.node import as_node, node_name
 from scheduler_extender.served.memo import BoundedMemo, content_digest, retained_bytes
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,14 @@ class _AnnotationFallback:
         self._memo: BoundedMemo[NodeState] = BoundedMemo(FALLBACK_MEMO_ENTRIES, FALLBACK_MEMO_BYTES)
 
     def state(self, name: str, obj: Mapping[str, Any] | None) -> NodeState:
-        annotation = ((obj or {}).get("metadata") or {}).get("annotations", {}) or {}
-        text = annotation.get(ANNOTATION)
-        labels = gfd_labels(obj) if text is None else ()
+        node = as_node(obj)
+        text = node.annotations.get(ANNOTATION)
+        labels = gfd_labels(node) if text is None else ()
         if text is None and not labels:
             return NodeState(name=name, view=None)
-        allocatable = gpu_allocatable(obj)  # the Node's own allocatable: the inventory may not exceed it
-        mig_strategy = node_mig_strategy(obj, allocatable)
-        shared_by = sharing_labels(obj)  # GPU sharing is read as the cache reads it (parse_node_inventory)
+        allocatable = gpu_allocatable(node)  # the Node's own allocatable: the inventory may not exceed it
+        mig_strategy = node_mig_strategy(node, allocatable)
+        shared_by = sharing_labels(node)  # GPU sharing is read as the cache reads it (parse_node_inventory)
         if text is not None and not isinstance(text, str):
             text = str(text)
         key = (content_digest(f"{len(name)}:{name}{text}".encode("utf-8", "surrogatepass")),
@@ -94,7 +95,7 @@ class _AnnotationFallback:
 
 
 def _objects_by_name(node_objects: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
-    return {str((o.get("metadata") or {}).get("name")): o for o in node_objects or ()}
+    return {node_name(o): o for o in node_objects or ()}
 
 
 class StaticSource:

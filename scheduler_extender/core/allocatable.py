@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from scheduler_extender.core.node import Node, as_node
 from scheduler_extender.core.devices import NodeView, allocatable_from_view
 from scheduler_extender.core.pod_requests import MIG_PREFIX, is_gpu_resource
 from scheduler_extender.core.quantity import QuantityError, parse_count, parse_quantity
@@ -53,16 +54,16 @@ class GpuAllocatable(dict[str, int]):
         return tuple(sorted(self.items())), tuple(sorted(self.unusable.items()))
 
 
-def gpu_allocatable(node: Mapping[str, Any] | None) -> GpuAllocatable | None:
-    """The GPU resources of a decoded ``v1.Node``'s ``status.allocatable``; None when absent.
+def gpu_allocatable(node: Node | Mapping[str, Any] | None) -> GpuAllocatable | None:
+    """The GPU resources of a Node's ``status.allocatable`` (a ``core.node.Node``, or a decoded
+    ``v1.Node``); None when absent.
 
     Quantities that do not parse as whole, non-negative counts are left out of the counts
     (unknown, not 0) and kept as sent in ``unusable``: the API server validates quantities, so
     this happens only for hand-made objects.
     """
-    status = (node or {}).get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(allocatable, Mapping):
+    allocatable = as_node(node).allocatable
+    if allocatable is None:
         return None
     out = GpuAllocatable()
     for name, value in allocatable.items():
@@ -80,7 +81,7 @@ MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 """GPU feature discovery's node label: the MIG strategy the NVIDIA device plugin runs with."""
 
 
-def node_mig_strategy(node: Mapping[str, Any] | None, allocatable: Mapping[str, int] | None = None) -> str | None:
+def node_mig_strategy(node: Node | Mapping[str, Any] | None, allocatable: Mapping[str, int] | None = None) -> str | None:
     """How the NVIDIA device plugin exposes MIG devices on this Node, from what the Node shows.
 
     GPU feature discovery's ``nvidia.com/mig.strategy`` label when it is ``none``, ``single`` or
@@ -89,9 +90,8 @@ def node_mig_strategy(node: Mapping[str, Any] | None, allocatable: Mapping[str, 
     what ``none`` and ``single`` look like alike). ``allocatable``: the node's ``gpu_allocatable``
     when the caller has it already (node events are a hot path).
     """
-    meta = (node or {}).get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    label = labels.get(MIG_STRATEGY_LABEL) if isinstance(labels, Mapping) else None
+    node = as_node(node)
+    label = node.labels.get(MIG_STRATEGY_LABEL)
     if label in ("none", "single", "mixed"):
         return str(label)
     if allocatable is None:
@@ -130,12 +130,11 @@ def allocatable_contradiction(view: NodeView, allocatable: Mapping[str, int] | N
             + " (an inventory may report fewer devices than the device plugin, never more)")
 
 
-def host_allocatable(node: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
-    """(CPU millicores, memory bytes) of a decoded ``v1.Node``'s ``status.allocatable``; each None
-    when absent or not a quantity (unknown, never 0)."""
-    status = (node or {}).get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(allocatable, Mapping):
+def host_allocatable(node: Node | Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """(CPU millicores, memory bytes) of a Node's ``status.allocatable`` (a ``core.node.Node``, or
+    a decoded ``v1.Node``); each None when absent or not a quantity (unknown, never 0)."""
+    allocatable = as_node(node).allocatable
+    if allocatable is None:
         return None, None
     out: list[int | None] = []
     for name, scale in (("cpu", 1000), ("memory", 1)):

@@ -22,6 +22,7 @@ import re
 from typing import Any, Mapping
 
 from node_agent.inventory import API_VERSION, KIND, NodeGPUInventory
+from scheduler_extender.core.node import Node, as_node
 
 PRODUCT = "nvidia.com/gpu.product"
 MEMORY = "nvidia.com/gpu.memory"
@@ -38,11 +39,10 @@ _DIGITS = re.compile(r"^[0-9]{1,7}$", re.ASCII)
 _PRODUCT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", re.ASCII)
 
 
-def gfd_labels(node: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+def gfd_labels(node: Node | Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
     """The GFD labels this module reads, as a hashable key (empty when the Node has none)."""
-    meta = (node or {}).get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    if not isinstance(labels, Mapping):
+    labels = as_node(node).labels
+    if not labels:
         return ()
     found = tuple((k, str(labels[k])) for k in LABEL_KEYS if k in labels)
     mig = any(isinstance(k, str) and k.startswith("nvidia.com/mig-") and k.endswith(".count") for k in labels)

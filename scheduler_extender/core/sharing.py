@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Protocol, Sequence
 
+from scheduler_extender.core.node import Node, as_node
+
 SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 STRATEGIES = ("time-slicing", "mps")
@@ -54,12 +56,10 @@ SharingLabels = tuple[Any, Any]
 label values of a Node, each None when absent: what ``node_gpu_sharing`` reads of the Node."""
 
 
-def sharing_labels(node: Mapping[str, Any] | None) -> SharingLabels:
-    """The Node's ``SharingLabels`` (a decoded ``v1.Node``; anything else has none)."""
-    meta = (node or {}).get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    if not isinstance(labels, Mapping):
-        return None, None
+def sharing_labels(node: Node | Mapping[str, Any] | None) -> SharingLabels:
+    """The Node's ``SharingLabels`` (a ``core.node.Node`` or a decoded ``v1.Node``; anything else
+    has none)."""
+    labels = as_node(node).labels
     return labels.get(SHARING_STRATEGY_LABEL), labels.get(REPLICAS_LABEL)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.engine import Decision
+from scheduler_extender.core.node import node_name
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.cluster.sources import ClusterSource
 
@@ -89,4 +90,4 @@ def cluster_states_from_api(api_client: Any, catalog: Catalog,
 
 
 def node_names(objs: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [str((o.get("metadata") or {}).get("name")) for o in objs]
+    return [node_name(o) for o in objs]

@@ -37,6 +37,7 @@ from scheduler_extender.served.grouped import (GroupedEngine, GroupedResults, No
 from scheduler_extender.served.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
+from scheduler_extender.core.node import node_name
 from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
@@ -628,7 +629,7 @@ class ExtenderService:
             body["Nodes"] = None
         else:
             keep = set(passing)
-            items = [n for n in (args.Nodes.items if args.Nodes else []) if (n.get("metadata") or {}).get("name") in keep]
+            items = [n for n in (args.Nodes.items if args.Nodes else []) if node_name(n) in keep]
             body["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "items": items}
             body["NodeNames"] = None
         return body

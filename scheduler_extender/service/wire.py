@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scheduler_extender.core.node import node_name
 from scheduler_extender.core.pod import ObjectMeta, Pod as DecisionPod, Quantity
 
 # The fields of v1.Node the extender reads, with their API types, so that a body whose Node has,
@@ -54,7 +55,7 @@ class ExtenderArgs(BaseModel):
         if self.NodeNames is not None:
             return list(self.NodeNames)
         if self.Nodes is not None:
-            return [str((n.get("metadata") or {}).get("name", "")) for n in self.Nodes.items]
+            return [node_name(n) for n in self.Nodes.items]  # names validated (parse_extender_args)
         return []
 
 
