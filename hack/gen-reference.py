@@ -7,9 +7,14 @@
   put on their registries (name as scraped, type, labels, help);
 - ``policy.md``: every field of the placement policy, from the pydantic model's JSON Schema
   (``gpuplace policy schema``): path, type, default, description;
-- ``annotations.md``: every ``gpuplace.io/`` pod annotation the extender knows.
+- ``annotations.md``: every ``gpuplace.io/`` pod annotation the extender knows, from
+  ``scheduler_extender.core.criteria.ANNOTATIONS`` (the built-in ones and those criteria declare):
+  accepted values, meaning, what reads it;
+- ``criteria.md``: every filter criterion (``core.criteria.CRITERIA``: name, what it rejects, the
+  fields it reads and how often they change, its annotations) and every score component
+  (``core.components.COMPONENTS``: name, default weight, what it rewards).
 
-Run after changing a flag, a metric, the policy model or an annotation;
+Run after changing a flag, a metric, the policy model, an annotation, a criterion or a score component;
 ``tests/unit/test_docs.py`` fails while a committed page differs from what this writes.
 
     .venv/bin/python hack/gen-reference.py            # writes docs/reference/
@@ -347,14 +352,14 @@ def _from_known_keys() -> list[AnnotationRow]:
 
 
 def _from_declarations() -> list[AnnotationRow]:
-    from scheduler_extender.core.annotations import ANNOTATIONS
+    from scheduler_extender.core.criteria import ANNOTATIONS
 
     return [AnnotationRow(a.key, a.form, a.summary, tuple(a.used_by)) for a in ANNOTATIONS]
 
 
-# TODO(criteria change): switch to _from_declarations once scheduler_extender.core.annotations
-# (or core.criteria) declares ANNOTATIONS with key, form, summary and used_by; until then only the keys.
-ANNOTATION_SOURCE: Callable[[], list[AnnotationRow]] = _from_known_keys
+# Which table the annotations page shows: the declarations (``core.criteria.ANNOTATIONS``: key,
+# form, summary, used_by), or ``_from_known_keys``, the keys alone.
+ANNOTATION_SOURCE: Callable[[], list[AnnotationRow]] = _from_declarations
 
 
 def annotations_page() -> str:
@@ -363,9 +368,51 @@ def annotations_page() -> str:
         HEADER, "# Pod annotations\n",
         "Every `gpuplace.io/` pod annotation the extender reads; any other key under that prefix fails "
         "the pod with a reason naming it. What each one asks for, with examples: "
-        "[asking for GPUs](../user-guide.md#asking-for-gpus-pod-annotations).\n",
+        "[asking for GPUs](../user-guide.md#asking-for-gpus-pod-annotations). \"Used by\" names the "
+        "[criteria and score components](criteria.md) that read it (`nvlink` and `ecc` are both), "
+        "or `estimate`, the VRAM estimate.\n",
         table(["annotation", "accepted values", "meaning", "used by"],
               ([code(r.key), cell(r.form), cell(r.summary), ", ".join(code(u) for u in r.used_by)] for r in rows)),
+    ])
+
+
+# ---- criteria and score components --------------------------------------------------------------
+
+def _reads(reads: Iterable[Any]) -> str:
+    return ", ".join(f"{code(r.field)} ({r.changes})" for r in reads)
+
+
+def criteria_page() -> str:
+    from scheduler_extender.core.components import COMPONENTS
+    from scheduler_extender.core.criteria import CRITERIA
+
+    return "\n".join([
+        HEADER, "# Criteria and score components\n",
+        "Declared once in the code: the filter's criteria in `scheduler_extender/core/criteria.py`, the "
+        "score's components in `scheduler_extender/core/components.py` "
+        "([adding a criterion](../design.md#adding-a-criterion), "
+        "[adding a score component](../design.md#adding-a-score-component)).\n",
+        "## Filter criteria\n",
+        "Every criterion, in the order `CRITERIA` declares them (the per-device ones are checked on "
+        "each device in this order). Its name is the `criterion` "
+        "label of `gpuplace_extender_node_rejections_total` ([metrics](metrics.md)) and the `criterion` "
+        "of each reason `gpuplace explain` gives. *Per device*: checked on each GPU or MIG device; "
+        "*node*: on the node as a whole. A field read is a `Unit`'s (`unit.`, one device) or the "
+        "node's (`node.view`: its parsed inventory; `node.allocation`: what is held on it); one that "
+        "changes *rarely* is part of the equivalence keys, one that changes *often* never is, and a "
+        "pod a criterion over it applies to is decided on each node's own values. The annotations "
+        "are those the criterion declares itself, with their parsing; the built-in ones name the "
+        "criteria and components that read them in [pod annotations](annotations.md).\n",
+        table(["criterion", "checked", "rejects", "reads", "annotations"],
+              ([code(c.name), "per device" if c.check is not None else "node", cell(c.summary), _reads(c.reads),
+                ", ".join(code(a.key) for a in c.annotations)] for c in CRITERIA)),
+        "## Score components\n",
+        "Every component of the 0-10 score, in the policy's order. Each gives a node that passed a "
+        "value in [0, 1], or none where it does not apply to the pod; the score is the weighted mean "
+        "of those that apply, x10. Its name is its weight's field under the policy's `scoring` "
+        "([policy fields](policy.md)) and its key in each node's `components` (value and weight) in `gpuplace explain`.\n",
+        table(["component", "default weight", "rewards"],
+              ([code(c.name), code(f"{c.default_weight:g}"), cell(c.summary)] for c in COMPONENTS)),
     ])
 
 
@@ -376,6 +423,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "metrics.md": metrics_page,
     "policy.md": policy_page,
     "annotations.md": annotations_page,
+    "criteria.md": criteria_page,
 }
 
 
