@@ -66,7 +66,7 @@ test-install: install
 	$(BIN)/pytest -q -m install
 
 # Every direct dependency (runtime and the test extra) at its declared floor, Python wheels only, in
-# a venv of its own: the floors in pyproject.toml are the ones this passes with (README "Dependencies").
+# a venv of its own: the floors in pyproject.toml are the ones this passes with (docs/install.md#dependencies).
 VENV_MIN ?= .venv-minimums
 test-minimums:
 	rm -rf $(VENV_MIN)

@@ -15,7 +15,7 @@ Every ``--interval`` seconds it prints the extender's RSS (``VmRSS``), its peak 
 requests answered since, and the slowest ``/healthz`` seen meanwhile, then the RSS growth after
 the first interval (warm-up: imports, the index, the first memos). Memos are bounded in entries and
 bytes (``scheduler_extender/served/memo.py``), so after warm-up the RSS should stay flat; the numbers are
-printed, not asserted (README "Hostile input").
+printed, not asserted (docs/testing.md#hostile-input).
 
     python -m benchmarks.soak_extender --seconds 180 --interval 10
 """

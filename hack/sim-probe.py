@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Probes behind the README's "How gpuplace got ahead" (Simulate before you deploy): where a
-policy's GPUs went on an openb pod list, one seed, in fill mode, as ``gpuplace simulate`` runs it.
+"""Probes behind docs/evaluation-fragmentation.md ("How gpuplace got ahead on the openb trace"):
+where a policy's GPUs went on an openb pod list, one seed, in fill mode, as ``gpuplace simulate``
+runs it.
 
     python hack/sim-probe.py --pods benchmarks/data/alibaba-openb-v2023/openb_pod_list_gpuspec33.csv \\
         --policy gpuplace --until 1.0
@@ -12,8 +13,9 @@ free GPUs per model, and the pods on 8-GPU nodes with at least ``--big-cores`` c
 by GPUs and cores, and how many such nodes are still whole). ``--fill`` instead runs the whole list
 (``run_fill``) and prints the milli-GPU allocation at 100 % and 130 %.
 
-Variants the README reports: ``--fgd-cpu-only-by-default-profile`` (FGD with the pods without GPUs
-placed by kube-scheduler's default profile, as gpuplace's were before ``cpuOnlyPods``) and
+Variants docs/evaluation-fragmentation.md reports (#step-by-step, #probes-not-shipped):
+``--fgd-cpu-only-by-default-profile`` (FGD with the pods without GPUs placed by kube-scheduler's
+default profile, as gpuplace's were before ``cpuOnlyPods``) and
 ``--workload-from-list`` (gpuplace given FGD's target workload, the whole list's typical pods
 known in advance, instead of learning it).
 """

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data key of --policy-configmap holding the policy YAML (default: policy.yaml)")
     tls = p.add_argument_group(
         "HTTPS", "serve the extender over TLS; kube-scheduler then needs enableHTTPS: true and a tlsConfig "
-                 "whose caData/caFile verifies this certificate (see README, 'HTTPS')")
+                 "whose caData/caFile verifies this certificate (see docs/operator-guide.md#https-between-kube-scheduler-and-the-extender)")
     tls.add_argument("--tls-cert-file", metavar="FILE",
                      help="PEM server certificate (chain); requires --tls-key-file")
     tls.add_argument("--tls-key-file", metavar="FILE", help="PEM private key of --tls-cert-file")

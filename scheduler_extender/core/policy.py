@@ -1,4 +1,4 @@
-"""The platform team's placement policy (README, "The policy").
+"""The platform team's placement policy (docs/operator-policy.md#the-policy).
 
 One YAML document, validated by pydantic; ``gpuplace policy schema`` prints its JSON Schema.
 It names catalog overrides (cost, tier), size classes with the models and MIG profiles each may

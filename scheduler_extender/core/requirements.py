@@ -1,4 +1,5 @@
-"""What a pod asks for: its GPU request and its ``gpuplace.io/*`` annotations (README, "Asking for GPUs").
+"""What a pod asks for: its GPU request and its ``gpuplace.io/*`` annotations
+(docs/user-guide.md#asking-for-gpus-pod-annotations).
 
 ``parse_pod`` reads a pod (the JSON of a ``v1.Pod``, as kube-scheduler sends it) into
 ``JobRequirements``. Nothing is guessed: an annotation that cannot be parsed becomes an

@@ -18,8 +18,8 @@ policy), x10, rounded. Components, in order of default weight:
   keep a wholly free node of 8+ GPUs for a job that needs all of them. Left out where
   ``fragmentation`` applies: the learned workload then measures what packing guesses (a whole
   node is kept when the pods seen need whole nodes); kept, the GPU-only MostAllocated fills nodes
-  whatever their CPU and memory, which stranded GPUs on the openb trace at 130 % load (README
-  "Simulate before you deploy").
+  whatever their CPU and memory, which stranded GPUs on the openb trace at 130 % load
+  (docs/evaluation-fragmentation.md#what-we-measured-on-the-way).
 - ``fragmentation``: keep free GPUs usable by the pods the cluster sees: how much placing the pod
   raises the node's expected unusable free GPUs (a GPU that sharing pods hold part of counts its
   free share, ``NodeAllocation.partly_free_milli``; a sharing pod takes ``Job.gpu_milli``) against
@@ -89,7 +89,7 @@ class NodeScore:
         ``tie_value`` (cost, VRAM fit, preferences), not by fragmentation's sub-step differences,
         which on the openb trace placed worse than kube-scheduler's own spread among the tied
         nodes (``gpuplace simulate``, default list, seed 0: 92.25 % milli-GPU allocation at 100 %
-        against 94.04 %; README "Simulate before you deploy")."""
+        against 94.04 %; docs/evaluation-fragmentation.md#probes-not-shipped)."""
         return self.score, round(self.tie_value, 9)
 
 

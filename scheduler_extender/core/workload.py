@@ -49,7 +49,8 @@ DEFAULT_MIN_PODS = 1
 """Pods to see before the profile is used. 1: from the first pod on, the pods seen so far (the
 one being placed included) are the best guess of the workload; without a profile the score
 falls back to cost first, which is what strands GPUs early on (openb: waiting for 50 or 200
-pods allocated less at 130% load, README "Simulate before you deploy")."""
+pods allocated less at 130% load, measured with ``gpuplace simulate`` when the component was
+added; docs/ does not record that run)."""
 
 _SEEN_KEYS = 10_000
 """Pod keys remembered, so that kube-scheduler's retries of a pending pod count it once."""
@@ -216,8 +217,8 @@ class WorkloadProfile:
         side: an unconstrained shape weighs the same on every model (it cancels out between
         candidates), a shape that may use only a scarce model weighs by how scarce its models are,
         so unconstrained pods leave scarce models to the pods that need them (openb gpuspec33:
-        T4-only pods ask for more GPUs than the fleet's T4s; README "Simulate before you
-        deploy"). Our measure; the demand over supply ratio is that of capacity planning."""
+        T4-only pods ask for more GPUs than the fleet's T4s;
+        docs/evaluation-fragmentation.md#step-by-step). Our measure; the demand over supply ratio is that of capacity planning."""
         group = self._by_resource.get(resource)
         if group is None or not supply:
             return {}
@@ -257,7 +258,7 @@ class WorkloadProfile:
         packing (Grandl et al., "Multi-Resource Packing for Cluster Schedulers", SIGCOMM'14: keep a
         machine's resources in the proportion the tasks ask for); the mean as the expected demand is
         our choice. On the Alibaba openb trace it is what lets the free GPUs of a full cluster stay
-        usable (README "Simulate before you deploy").
+        usable (docs/evaluation-fragmentation.md#what-we-measured-on-the-way).
         """
         if free_devices <= 0:
             return 0.0

@@ -27,7 +27,7 @@ examples:
   gpuplace simulate --trace yaml --pods examples/workload.yaml --fleet examples/cluster --mode replay
 
 The node list of --trace openb defaults to openb_node_list_gpu_node.csv next to --pods.
-Metrics are defined in the README ("Simulate before you deploy").
+Metrics are defined in docs/simulator.md#report; results: docs/evaluation.md#simulate-before-you-deploy.
 """
 
 

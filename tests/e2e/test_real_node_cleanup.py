@@ -48,6 +48,6 @@ def test_a_failing_test_on_the_real_node_leaves_the_host_as_it_was(tmp_path):
             raise AssertionError("a test failing on the node")
     after = host_state()
     # A kernel module kube-proxy's rules load (nf_conntrack) brings its sysctls with it: a new key,
-    # not a changed value. Kernel modules stay loaded (README, "Known limits").
+    # not a changed value. Kernel modules stay loaded (docs/known-limits.md).
     after["sysctls"] = {k: v for k, v in after["sysctls"].items() if k in before["sysctls"]}  # type: ignore[attr-defined]
     assert after == before

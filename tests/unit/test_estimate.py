@@ -14,7 +14,7 @@ def test_inference_is_weights_times_1_2_plus_cuda_context():
     # Transformer Math 101: 13B in bf16 = 26 GB of weights, x1.2 = 31.2 GB; + 1.3 GB context.
     e = estimate_vram(params=13e9, workload="inference", precision="bf16", gpu_count=1, sharding=None)
     assert e.bytes_per_gpu == int(31.2 * GB + 1.3 * GB)
-    assert e.describe() == "30.3 GiB needed (13B inference, bf16)"  # the README's example reason
+    assert e.describe() == "30.3 GiB needed (13B inference, bf16)"  # the need as the vram criterion's reason words it
 
 
 @pytest.mark.parametrize("precision, bytes_per_param", [

@@ -69,7 +69,7 @@ def cluster(*nodes, pods=()):
 def inference(name, **annotations):
     if "gpuplace.io/gpu-fraction" in annotations:
         # A share's VRAM is known only on the GPU, so the policy's rules cannot size it: a class
-        # that may share (the default policy's small) is named (README, "Shared GPUs").
+        # that may share (the default policy's small) is named (docs/operator-policy.md#shares).
         annotations.setdefault("gpuplace.io/class", "small")
     return pod({"gpuplace.io/workload": "inference", **annotations}, name=name)
 
