@@ -27,7 +27,7 @@ from scheduler_extender.cluster.cache import ClusterCache
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.cluster.requeue import CHECK_INTERVAL_SECONDS, Requeuer
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import ClusterSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.harness.gpucluster import node_allocatable

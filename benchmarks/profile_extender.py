@@ -19,7 +19,7 @@ import orjson
 from benchmarks.cluster import generate_cluster, generate_pods, write_cluster
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
 from scheduler_extender.service.wire import parse_extender_args
 

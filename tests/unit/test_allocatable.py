@@ -14,7 +14,8 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.devices import build_node_view
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.service.metrics import ExtenderMetrics
-from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.service.decisions import ExtenderService
+from scheduler_extender.service.server import create_app
 from scheduler_extender.cluster.sources import ClusterSource
 from tests.factories import example_inventory, gpu, inventory, pod
 

@@ -135,7 +135,7 @@ def test_a_pod_without_gpus_binding_or_leaving_is_a_logged_change_so_readers_see
     (``ExtenderService``'s node index, ``changes_since``) must see it at its next request."""
     from scheduler_extender.cluster.sources import ClusterSource
     from scheduler_extender.core.engine import Engine
-    from scheduler_extender.service.server import ExtenderService
+    from scheduler_extender.service.decisions import ExtenderService
     from scheduler_extender.service.wire import ExtenderArgs
 
     c = ClusterCache(default_catalog())

@@ -14,7 +14,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import default_policy
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.policy_configmap import PolicyConfigMapWatcher, engine_swapper, parse_ref
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, pod

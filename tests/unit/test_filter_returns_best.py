@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.service.decisions import ExtenderService
+from scheduler_extender.service.server import create_app
 from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES, pod
 

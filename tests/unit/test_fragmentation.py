@@ -15,7 +15,7 @@ from scheduler_extender.core.score import fragmentation_delta
 from scheduler_extender.core.workload import (
     DemandShape, WorkloadTracker, demand_shape, profile_of,
 )
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import ClusterSource, StaticSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, example_inventory, gpu, inventory, pod

@@ -31,7 +31,8 @@ from scheduler_extender.core.policy import PolicyError, parse_policy
 from scheduler_extender.core.criteria import ANNOTATIONS
 
 KNOWN_ANNOTATIONS = frozenset(a.key for a in ANNOTATIONS)  # the built-in ones and those criteria declare
-from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.service.decisions import ExtenderService
+from scheduler_extender.service.server import create_app
 from scheduler_extender.cluster.sources import ClusterSource, StaticSource
 from tests.factories import EXAMPLES, ROOT, example_inventory, pod
 from tests.harness.report import report

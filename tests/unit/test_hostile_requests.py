@@ -8,11 +8,11 @@ import tracemalloc
 
 import pytest
 
-from scheduler_extender.service import server
+from scheduler_extender.service import decisions as server  # the memo bounds
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.served.memo import ENTRY_OVERHEAD_BYTES, BoundedMemo
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, pod

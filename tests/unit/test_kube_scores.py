@@ -48,7 +48,7 @@ def test_one_round_trip_passes_the_tied_node_kube_scheduler_would_prefer_for_cpu
     from scheduler_extender.cluster.cache import ClusterCache
     from scheduler_extender.cluster.sources import ClusterSource
     from scheduler_extender.core.catalog import default_catalog
-    from scheduler_extender.service.server import ExtenderService
+    from scheduler_extender.service.decisions import ExtenderService
     from scheduler_extender.service.wire import parse_extender_args
     from tests.factories import gpu, inventory, pod
     import datetime as dt

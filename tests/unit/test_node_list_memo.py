@@ -13,7 +13,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.served.grouped import frozen_value
 from scheduler_extender.core.policy import default_policy, parse_policy
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import ClusterSource
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import EXAMPLES, example_inventory, pod

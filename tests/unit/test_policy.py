@@ -8,7 +8,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.policy import PolicyError, default_policy, parse_policy, policy_json_schema
 from scheduler_extender.service.metrics import ExtenderMetrics
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES
 

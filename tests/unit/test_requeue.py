@@ -15,7 +15,7 @@ from scheduler_extender.core.policy import parse_policy
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.requeue import PENDING_GRACE_SECONDS, REQUEUE_ANNOTATION, Requeuer, requeue_patch
 from scheduler_extender.cluster.sources import ClusterSource
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import example_inventory, pod
 

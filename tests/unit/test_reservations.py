@@ -19,7 +19,7 @@ from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.pod import as_pod
 from scheduler_extender.core.quantity import GIB
-from scheduler_extender.service.server import ExtenderService
+from scheduler_extender.service.decisions import ExtenderService
 from scheduler_extender.service.wire import parse_extender_args
 from tests.factories import gpu, inventory, pod
 

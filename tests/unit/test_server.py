@@ -10,7 +10,8 @@ from starlette.testclient import TestClient
 
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.service.server import ExtenderService, create_app
+from scheduler_extender.service.decisions import ExtenderService
+from scheduler_extender.service.server import create_app
 from scheduler_extender.cluster.sources import StaticSource
 from tests.factories import EXAMPLES, ROOT, pod, static_extender
 
@@ -329,7 +330,7 @@ def test_client_sent_names_reach_the_log_cut_and_escaped_so_no_request_forges_a_
     p = pod({"gpuplace.io/vram": "200Gi"})
     p["metadata"]["name"] = "evil\n2026-11-25 INFO forged line" + "x" * 10_000
     forged_node = "node\r\nERROR forged too" * 500
-    with caplog.at_level("INFO", logger="scheduler_extender.service.server"):
+    with caplog.at_level("INFO", logger="scheduler_extender.service.decisions"):
         r = client.post("/filter", content=json.dumps({"Pod": p, "NodeNames": [forged_node, *NODES]}))
     assert r.status_code == 200, r.text
     lines = [rec.getMessage() for rec in caplog.records if "fits no node" in rec.getMessage()]
