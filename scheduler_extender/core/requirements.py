@@ -271,7 +271,8 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
             with a ``parse`` function are parsed into ``declared``.
 
     Returns:
-        The requirements; ``errors`` lists every unusable field (never raises for bad input).
+        The requirements; ``errors`` lists every unusable field, in the order the fields are read
+        (never raises for bad input).
     """
     try:
         pod = as_pod(pod)
@@ -285,111 +286,114 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
         errors.append(AnnotationError(key, f"{shown(ours.pop(key))} is longer than {MAX_VALUE_CHARS} characters; "
                                            "no gpuplace.io annotation needs that many"))
     declared = _declared(ours, annotations, errors)
-
     asked = pod_requests(pod)
-    requests = asked.gpu
     errors.extend(asked.errors)
-    resource: str | None = None
-    count = 0
-    mig_profile = None
-    if len(requests) > 1:
-        errors.append(AnnotationError(
-            "resources", f"requests several GPU kinds ({', '.join(sorted(requests))}); request one of "
-                         f"{NVIDIA_GPU}, {AMD_GPU} or {MIG_PREFIX}<profile>"))
-    elif requests:
-        resource, count = next(iter(requests.items()))
-        mig_profile = mig_profile_of(resource)
-        if mig_profile is None and resource.startswith(MIG_PREFIX):
-            errors.append(AnnotationError(f"resources {resource}", f"not a MIG resource of the form {MIG_PREFIX}<profile>, e.g. "
-                                                                   "nvidia.com/mig-3g.40gb or nvidia.com/mig-1g.10gb.me"))
-
-    params = None
-    if A_PARAMS in ours:
-        try:
-            params = parse_params(str(ours[A_PARAMS]))
-        except ValueError:
-            errors.append(AnnotationError(A_PARAMS, f"{shown(ours[A_PARAMS])} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9 (at most 1000T)"))
-
+    resource, count, mig_profile = _gpu_request(asked.gpu, errors)
+    params = _params(ours, errors)
     workload = _choice(ours, A_WORKLOAD, WORKLOADS, errors)
     precision = _choice(ours, A_PRECISION, PRECISIONS, errors)
     sharding = _choice(ours, A_SHARDING, SHARDINGS, errors)
-
-    vram = None
-    if A_VRAM in ours:
-        try:
-            quantity = parse_quantity(str(ours[A_VRAM]))
-        except QuantityError:
-            errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
-        else:
-            if quantity < 1:  # 0, negative, or "1m": a thousandth of a byte is no VRAM need
-                errors.append(AnnotationError(A_VRAM, f"{shown(ours[A_VRAM])} is less than one byte; a VRAM need is at "
-                                                      "least one byte, e.g. 40Gi (GiB, 2^30 bytes) or 40G (10^9 bytes)"))
-            else:
-                vram = math.ceil(quantity)  # bytes, rounded up as Quantity.Value() does
-
+    vram = _vram(ours, errors)
     allowed = _models(ours, A_MODELS, catalog, errors)
     excluded = _models(ours, A_EXCLUDE, catalog, errors) or frozenset()
-
-    min_cc = None
-    if A_MIN_CC in ours:
-        m = _CC.fullmatch(str(ours[A_MIN_CC]))
-        if m:
-            min_cc = (int(m.group(1)), int(m.group(2)))
-        else:
-            errors.append(AnnotationError(A_MIN_CC, f"{shown(ours[A_MIN_CC])} is not a compute capability like 8.0 or 8.9"))
-
+    min_cc = _min_cc(ours, errors)
     require = _constraints(ours, A_REQUIRE, errors)
     prefer = _constraints(ours, A_PREFER, errors)
     if {"full-gpu", "mig"} <= require:
         errors.append(AnnotationError(A_REQUIRE, "full-gpu and mig exclude each other; require one"))
-
     gpu_fraction_milli = _gpu_fraction(ours, resource, count, errors)
+    runtime, runtime_explicit = _runtime(ours, resource, errors)
+    class_name = _class_name(ours, class_names, errors)
+    return JobRequirements(
+        namespace=pod.namespace, name=pod.name, resource=resource, gpu_count=count, mig_profile=mig_profile,
+        params=params, workload=workload, precision=precision, sharding=sharding, vram_bytes=vram,
+        allowed_models=allowed, allowed_models_text=cut(str(ours.get(A_MODELS, ""))),
+        excluded_models=excluded, excluded_models_text=cut(str(ours.get(A_EXCLUDE, ""))),
+        min_compute_capability=min_cc, require=require, prefer=prefer, runtime=runtime,
+        runtime_explicit=runtime_explicit, class_name=class_name, has_annotations=bool(ours),
+        cpu_milli=asked.cpu_milli, memory_bytes=asked.memory_bytes, gpu_fraction_milli=gpu_fraction_milli,
+        declared=declared, errors=tuple(errors),
+    )
 
-    runtime = _choice(ours, A_RUNTIME, RUNTIMES, errors)
-    runtime_explicit = runtime is not None
+
+def _gpu_request(requests: Mapping[str, int], errors: list[AnnotationError]) -> tuple[str | None, int, str | None]:
+    """(resource, count, MIG profile) of the pod's GPU requests (``pod_requests``): one kind only."""
+    if len(requests) > 1:
+        errors.append(AnnotationError(
+            "resources", f"requests several GPU kinds ({', '.join(sorted(requests))}); request one of "
+                         f"{NVIDIA_GPU}, {AMD_GPU} or {MIG_PREFIX}<profile>"))
+        return None, 0, None
+    if not requests:
+        return None, 0, None
+    resource, count = next(iter(requests.items()))
+    mig_profile = mig_profile_of(resource)
+    if mig_profile is None and resource.startswith(MIG_PREFIX):
+        errors.append(AnnotationError(f"resources {resource}", f"not a MIG resource of the form {MIG_PREFIX}<profile>, e.g. "
+                                                               "nvidia.com/mig-3g.40gb or nvidia.com/mig-1g.10gb.me"))
+    return resource, count, mig_profile
+
+
+def _params(annotations: Mapping[str, str], errors: list[AnnotationError]) -> float | None:
+    """``gpuplace.io/model-params`` (``parse_params``), or None."""
+    if A_PARAMS not in annotations:
+        return None
+    try:
+        return parse_params(str(annotations[A_PARAMS]))
+    except ValueError:
+        errors.append(AnnotationError(A_PARAMS, f"{shown(annotations[A_PARAMS])} is not a parameter count; use a number with an optional K, M, B or T suffix, e.g. 350M, 7B, 70B, 1.3e9 (at most 1000T)"))
+        return None
+
+
+def _vram(annotations: Mapping[str, str], errors: list[AnnotationError]) -> int | None:
+    """``gpuplace.io/vram`` in bytes (a Kubernetes quantity, rounded up as ``Quantity.Value()``), or None."""
+    if A_VRAM not in annotations:
+        return None
+    try:
+        quantity = parse_quantity(str(annotations[A_VRAM]))
+    except QuantityError:
+        errors.append(AnnotationError(A_VRAM, f"{shown(annotations[A_VRAM])} is not a memory quantity; use e.g. 40Gi (GiB, 2^30 bytes), 40G (10^9 bytes) or 40960Mi"))
+        return None
+    if quantity < 1:  # 0, negative, or "1m": a thousandth of a byte is no VRAM need
+        errors.append(AnnotationError(A_VRAM, f"{shown(annotations[A_VRAM])} is less than one byte; a VRAM need is at "
+                                              "least one byte, e.g. 40Gi (GiB, 2^30 bytes) or 40G (10^9 bytes)"))
+        return None
+    return math.ceil(quantity)
+
+
+def _min_cc(annotations: Mapping[str, str], errors: list[AnnotationError]) -> tuple[int, int] | None:
+    """``gpuplace.io/min-compute-capability`` as (major, minor), or None."""
+    if A_MIN_CC not in annotations:
+        return None
+    m = _CC.fullmatch(str(annotations[A_MIN_CC]))
+    if m is None:
+        errors.append(AnnotationError(A_MIN_CC, f"{shown(annotations[A_MIN_CC])} is not a compute capability like 8.0 or 8.9"))
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+def _runtime(annotations: Mapping[str, str], resource: str | None, errors: list[AnnotationError]) -> tuple[str, bool]:
+    """(runtime, whether the pod named it): ``gpuplace.io/runtime``, else ``rocm`` for
+    ``amd.com/gpu`` and ``cuda`` otherwise; a runtime the requested GPUs cannot run is an error."""
+    runtime = _choice(annotations, A_RUNTIME, RUNTIMES, errors)
+    explicit = runtime is not None
     if runtime is None:
         runtime = "rocm" if resource == AMD_GPU else "cuda"
     if resource == AMD_GPU and runtime == "cuda":
         errors.append(AnnotationError(A_RUNTIME, f"cuda cannot run on {AMD_GPU}; use rocm or any, or request {NVIDIA_GPU}"))
     if resource and resource != AMD_GPU and runtime == "rocm":
         errors.append(AnnotationError(A_RUNTIME, f"rocm cannot run on {resource}; request {AMD_GPU} or use cuda"))
+    return runtime, explicit
 
-    class_name = None
-    if A_CLASS in ours:
-        value = str(ours[A_CLASS]).strip()
-        if value in class_names:
-            class_name = value
-        else:
-            errors.append(AnnotationError(A_CLASS, f"{shown(value)} is not a class of the policy; use one of {', '.join(class_names)}"))
 
-    return JobRequirements(
-        namespace=pod.namespace,
-        name=pod.name,
-        resource=resource,
-        gpu_count=count,
-        mig_profile=mig_profile,
-        params=params,
-        workload=workload,
-        precision=precision,
-        sharding=sharding,
-        vram_bytes=vram,
-        allowed_models=allowed,
-        allowed_models_text=cut(str(ours.get(A_MODELS, ""))),
-        excluded_models=excluded,
-        excluded_models_text=cut(str(ours.get(A_EXCLUDE, ""))),
-        min_compute_capability=min_cc,
-        require=require,
-        prefer=prefer,
-        runtime=runtime,
-        runtime_explicit=runtime_explicit,
-        class_name=class_name,
-        has_annotations=bool(ours),
-        cpu_milli=asked.cpu_milli,
-        memory_bytes=asked.memory_bytes,
-        gpu_fraction_milli=gpu_fraction_milli,
-        declared=declared,
-        errors=tuple(errors),
-    )
+def _class_name(annotations: Mapping[str, str], class_names: tuple[str, ...], errors: list[AnnotationError]) -> str | None:
+    """``gpuplace.io/class``: one of the policy's classes, or None."""
+    if A_CLASS not in annotations:
+        return None
+    value = str(annotations[A_CLASS]).strip()
+    if value in class_names:
+        return value
+    errors.append(AnnotationError(A_CLASS, f"{shown(value)} is not a class of the policy; use one of {', '.join(class_names)}"))
+    return None
 
 
 _KNOWN_KEYS: dict[int, tuple[tuple[Annotation, ...], frozenset[str]]] = {}
