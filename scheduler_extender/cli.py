@@ -253,111 +253,176 @@ def main(argv: list[str] | None = None) -> int:
     if args.policy_configmap and (args.policy or args.inventory_dir):
         parser.error("--policy-configmap reads the policy from the cluster: it excludes --policy and --inventory-dir")
     try:
-        ssl_options = tls_options(args)
-        if not args.header_timeout_seconds > 0:
-            raise UsageError(f"--header-timeout-seconds {args.header_timeout_seconds:g}: must be more than 0")
-        if args.max_connections < 1:
-            raise UsageError(f"--max-connections {args.max_connections}: must be at least 1")
-        if args.max_body_bytes < 1:
-            raise UsageError(f"--max-body-bytes {args.max_body_bytes}: must be at least 1")
-        if args.max_inflight_body_bytes < args.max_body_bytes:
-            raise UsageError(f"--max-inflight-body-bytes {args.max_inflight_body_bytes}: must be at least "
-                             f"--max-body-bytes ({args.max_body_bytes})")
-        if args.decision_threads < 1:
-            raise UsageError(f"--decision-threads {args.decision_threads}: must be at least 1")
-        if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
-            raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
-        if args.watch_timeout_seconds < 1:
-            raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
-        if not (0 < args.reservation_seconds <= 3600):  # also NaN
-            raise UsageError(f"--reservation-seconds {args.reservation_seconds:g}: must be more than 0 and at most 3600")
-        if args.tls_reload_seconds < 0:
-            raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
+        ssl_options = _checked_options(args)
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        engine, catalog = _engine(args)
+        metrics = ExtenderMetrics()
+        service, background = _service(args, engine, catalog, metrics)
     except UsageError as e:
-        print(f"gpuplace-extender: {e}", file=sys.stderr)
+        if str(e):
+            print(f"gpuplace-extender: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _serve_http(args, service, metrics, ssl_options, background)
+    return 0
+
+
+def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS options (``tls_options``), once every numeric option is checked.
+
+    Raises:
+        UsageError: an option out of its range, naming it and the range.
+    """
+    ssl_options = tls_options(args)
+    if not args.header_timeout_seconds > 0:
+        raise UsageError(f"--header-timeout-seconds {args.header_timeout_seconds:g}: must be more than 0")
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections {args.max_connections}: must be at least 1")
+    if args.max_body_bytes < 1:
+        raise UsageError(f"--max-body-bytes {args.max_body_bytes}: must be at least 1")
+    if args.max_inflight_body_bytes < args.max_body_bytes:
+        raise UsageError(f"--max-inflight-body-bytes {args.max_inflight_body_bytes}: must be at least "
+                         f"--max-body-bytes ({args.max_body_bytes})")
+    if args.decision_threads < 1:
+        raise UsageError(f"--decision-threads {args.decision_threads}: must be at least 1")
+    if args.health_port and (args.health_port == args.port or not 0 < args.health_port < 65536):
+        raise UsageError(f"--health-port {args.health_port}: must be a free port other than --port {args.port}")
+    if args.watch_timeout_seconds < 1:
+        raise UsageError(f"--watch-timeout-seconds {args.watch_timeout_seconds}: must be at least 1")
+    if not (0 < args.reservation_seconds <= 3600):  # also NaN
+        raise UsageError(f"--reservation-seconds {args.reservation_seconds:g}: must be more than 0 and at most 3600")
+    if args.tls_reload_seconds < 0:
+        raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
+    if args.namespace_labels and not args.inventory_dir:
+        raise UsageError("--namespace-labels is for static mode (--inventory-dir); "
+                         "cluster mode reads namespace labels from the API server")
+    return ssl_options
+
+
+def _engine(args: argparse.Namespace) -> tuple[Engine, Any]:
+    """The engine of ``--policy`` (or the default policy) over the catalog (``--catalog-file`` added).
+
+    Raises:
+        UsageError: the policy or the catalog file is invalid.
+    """
     try:
         policy = load_policy(args.policy)
     except PolicyError as e:
-        print(f"gpuplace-extender: invalid policy: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"invalid policy: {e}") from None
     catalog = default_catalog()
     if args.catalog_file:
         try:
             catalog = catalog_with_file(args.catalog_file, catalog)
         except CatalogFileError as e:
-            print(f"gpuplace-extender: --catalog-file {e}", file=sys.stderr)
-            return 2
-    engine = Engine(policy, catalog)
-    metrics = ExtenderMetrics()
+            raise UsageError(f"--catalog-file {e}") from None
+    return Engine(policy, catalog), catalog
 
-    if args.namespace_labels and not args.inventory_dir:
-        print("gpuplace-extender: --namespace-labels is for static mode (--inventory-dir); "
-              "cluster mode reads namespace labels from the API server", file=sys.stderr)
-        return 2
+
+def _service(args: argparse.Namespace, engine: Engine, catalog: Any, metrics: ExtenderMetrics
+             ) -> tuple[ExtenderService, list[Callable[[], Awaitable[None]]]]:
+    """The service over static files (``--inventory-dir``) or the cluster, with its background
+    tasks (requeue) and watchers (policy file or ConfigMap) started.
+
+    Raises:
+        UsageError: the files or the cluster configuration cannot be read (empty message: the
+            cause was printed already).
+    """
+    background: list[Callable[[], Awaitable[None]]] = []
     if args.inventory_dir:
-        from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
-        try:
-            labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
-            source = StaticSource(args.inventory_dir, catalog, labels)
-        except (FileNotFoundError, NamespaceLabelsError) as e:
-            print(f"gpuplace-extender: {e}", file=sys.stderr)
-            return 2
-        metrics.inventory_errors.set(len(source.errors))
+        service = ExtenderService(engine, _static_source(args, catalog, metrics), metrics)
+        service.filter_returns_best = args.filter_returns_best
+        _register_cluster_collector(metrics, service.source, None)
     else:
-        from kubernetes import client, config
+        service, policy_watcher = _cluster_service(args, engine, catalog, metrics, background)
+        if policy_watcher is not None:
+            from scheduler_extender.cluster.policy_configmap import engine_swapper
+            policy_watcher.start(engine_swapper(service))
+    if args.policy:
+        PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()
+    return service, background
 
-        from scheduler_extender.cluster.cache import ClusterCache
-        from scheduler_extender.cluster.sources import ClusterSource
-        from scheduler_extender.cluster.watch import ClusterWatch, namespace_reader
-        try:
-            if args.kubeconfig:
-                config.load_kube_config(config_file=args.kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-        except Exception as e:  # noqa: BLE001 - report any config problem the same way
-            print(f"gpuplace-extender: no cluster configuration ({type(e).__name__}: {e}); "
-                  "pass --kubeconfig FILE, run in a pod, or use --inventory-dir DIR for static mode",
-                  file=sys.stderr)
-            return 2
-        if args.policy_configmap:
-            # Before any watch thread starts: a process that exits for a bad policy has nothing to stop.
-            policy_watcher = _policy_configmap_watcher(args, metrics, catalog)
-            if policy_watcher is None:
-                return 2
-            engine = Engine(policy_watcher.policy, catalog)
-        services: list[ExtenderService] = []  # the engine a bound pod's VRAM need is estimated with: the current one
 
-        def pod_vram(pod: Any, memory_bytes: int) -> int | None:
-            return (services[0].engine if services else engine).vram_need_bytes(pod, memory_bytes)
+def _static_source(args: argparse.Namespace, catalog: Any, metrics: ExtenderMetrics) -> Any:
+    """``StaticSource`` over ``--inventory-dir`` (with ``--namespace-labels``).
 
-        cache = ClusterCache(catalog, pod_vram, reservation_seconds=args.reservation_seconds)
-        source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
-        watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
-                             watch_timeout_seconds=args.watch_timeout_seconds)
-        watch.start()
+    Raises:
+        UsageError: a file is missing or unreadable.
+    """
+    from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+    try:
+        labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
+        source = StaticSource(args.inventory_dir, catalog, labels)
+    except (FileNotFoundError, NamespaceLabelsError) as e:
+        raise UsageError(str(e)) from None
+    metrics.inventory_errors.set(len(source.errors))
+    return source
 
+
+def _cluster_service(args: argparse.Namespace, engine: Engine, catalog: Any, metrics: ExtenderMetrics,
+                     background: list[Callable[[], Awaitable[None]]]) -> tuple[ExtenderService, Any]:
+    """The service over the watched cluster (its watches started), and the policy ConfigMap's
+    watcher when ``--policy-configmap`` is given (to start once the service exists).
+
+    Raises:
+        UsageError: no cluster configuration, or the ConfigMap's policy is invalid.
+    """
+    from kubernetes import client
+
+    from scheduler_extender.cluster.cache import ClusterCache
+    from scheduler_extender.cluster.sources import ClusterSource
+    from scheduler_extender.cluster.watch import ClusterWatch, namespace_reader
+    _load_kube_config(args)
+    policy_watcher = None
+    if args.policy_configmap:
+        # Before any watch thread starts: a process that exits for a bad policy has nothing to stop.
+        policy_watcher = _policy_configmap_watcher(args, metrics, catalog)
+        if policy_watcher is None:
+            raise UsageError("")  # printed by _policy_configmap_watcher
+        engine = Engine(policy_watcher.policy, catalog)
+    services: list[ExtenderService] = []  # the engine a bound pod's VRAM need is estimated with: the current one
+
+    def pod_vram(pod: Any, memory_bytes: int) -> int | None:
+        return (services[0].engine if services else engine).vram_need_bytes(pod, memory_bytes)
+
+    cache = ClusterCache(catalog, pod_vram, reservation_seconds=args.reservation_seconds)
+    source = ClusterSource(cache, catalog, namespace_reader(client.ApiClient()))
+    watch = ClusterWatch(client.ApiClient(), cache, on_relist=lambda kind: metrics.relists.labels(kind).inc(),
+                         watch_timeout_seconds=args.watch_timeout_seconds)
+    watch.start()
     service = ExtenderService(engine, source, metrics)
     service.filter_returns_best = args.filter_returns_best
-    if not args.inventory_dir:
-        services.append(service)
-        pending = _start_pending_watch(watch, metrics, service)
-    _register_cluster_collector(metrics, source, None if args.inventory_dir else pending)
-    background: list[Callable[[], Awaitable[None]]] = []
-    if args.requeue_rejected_pods and not args.inventory_dir:
+    services.append(service)
+    pending = _start_pending_watch(watch, metrics, service)
+    _register_cluster_collector(metrics, source, pending)
+    if args.requeue_rejected_pods:
         from scheduler_extender.cluster.requeue import Requeuer, pod_patcher
         service.requeue = Requeuer(service, pod_patcher(client.ApiClient()), pending.waits, metrics.requeue)
         background.append(service.requeue.run)
-    if args.policy_configmap:
-        from scheduler_extender.cluster.policy_configmap import engine_swapper
-        policy_watcher.start(engine_swapper(service))
-    if args.policy:
-        PolicyWatcher(args.policy, service, metrics, args.policy_poll_seconds).start()
+    return service, policy_watcher
 
+
+def _load_kube_config(args: argparse.Namespace) -> None:
+    """``--kubeconfig``, else the in-cluster configuration, else the default kubeconfig.
+
+    Raises:
+        UsageError: none of them can be loaded.
+    """
+    from kubernetes import config
+    try:
+        if args.kubeconfig:
+            config.load_kube_config(config_file=args.kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except Exception as e:  # noqa: BLE001 - report any config problem the same way
+        raise UsageError(f"no cluster configuration ({type(e).__name__}: {e}); pass --kubeconfig FILE, run in a "
+                         "pod, or use --inventory-dir DIR for static mode") from None
+
+
+def _serve_http(args: argparse.Namespace, service: ExtenderService, metrics: ExtenderMetrics,
+                ssl_options: dict[str, Any], background: list[Callable[[], Awaitable[None]]]) -> None:
+    """Serve the verbs (and, with ``--health-port``, health and metrics apart) until stopped."""
     import uvicorn
     log.info("gpuplace-extender listening on %s://%s:%d (%s mode)", "https" if ssl_options else "http",
              args.host, args.port, "static" if args.inventory_dir else "cluster")
@@ -379,7 +444,6 @@ def main(argv: list[str] | None = None) -> int:
                                                      port=args.health_port, log_level="warning", access_log=False)))
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(servers, background))
-    return 0
 
 
 def _loop_factory() -> Any:
