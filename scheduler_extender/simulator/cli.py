@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,22 +116,80 @@ def _baselines(text: str) -> list[str]:
     return names
 
 
+class _Refused(Exception):
+    """A flag or an input file ``gpuplace simulate`` cannot use; the message says which and how."""
+
+
+@dataclass
+class _Setup:
+    """What one ``gpuplace simulate`` run simulates: the policy's engine over the catalog, the
+    fleet, the trace's pods (CPU-only pods of openb skipped: ``skipped``) and the sharing model."""
+
+    engine: Any
+    catalog: Any
+    fleet: str
+    nodes: list[Any]
+    trace: list[Any]
+    skipped: int
+    share: Any
+    replicas: Any
+    loads: list[float]
+    baselines: list[str]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         import numpy  # noqa: F401
     except ImportError:
         print("gpuplace simulate needs numpy: pip install 'gpuplace[sim]'", file=sys.stderr)
         return 2
+    from scheduler_extender.simulator import report
+    from scheduler_extender.simulator.cluster import Cluster
+    from scheduler_extender.simulator.run import simulate
+
+    t0 = time.perf_counter()
+    try:
+        setup = _setup(args)
+    except _Refused as e:
+        print(f"gpuplace simulate: {e}", file=sys.stderr)
+        return 2
+    nodes, trace, engine = setup.nodes, setup.trace, setup.engine
+    capacity = sum(len(n.inventory.gpus) for n in nodes)
+    capacity_milli = Cluster(nodes, setup.catalog, engine.policy).capacity_milli  # units (MIG devices count) x 1000
+    policies = _policies(args, setup)
+    progress = None
+    if not args.quiet and sys.stderr.isatty():
+        def progress(label: str, n: int) -> None:
+            print(f"\r  {label}: {n} pods ...   ", end="", file=sys.stderr, flush=True)
+    cpu_only = sum(1 for p in trace if not p.gpus)
+    if not args.quiet:
+        print(f"fleet: {len(nodes)} nodes, {capacity} GPUs ({setup.fleet}); workload: {args.trace}"
+              f"{f' {args.pods}' if args.pods else ''}; {len(trace) - cpu_only or 'generated'} GPU pods"
+              f"{f', {cpu_only} CPU-only pods' if cpu_only else ''}"
+              f"{f', {setup.skipped} CPU-only pods skipped' if setup.skipped else ''}; mode {args.mode}; "
+              f"policies {', '.join(p.name for p in policies)}; seeds {args.seed}..{args.seed + args.repeats - 1}",
+              file=sys.stderr)
+    result = simulate(nodes, policies, engine, mode=args.mode, loads=setup.loads,
+                      seeds=list(range(args.seed, args.seed + args.repeats)),
+                      pods_for_seed=_pods_for(args, trace, capacity, capacity_milli), progress=progress)
+    if progress is not None:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    result.meta = _meta(args, setup, capacity, cpu_only, policies[0].extender_weight)
+    print(report.render_table(result))
+    print(f"wall time {time.perf_counter() - t0:.1f} s")
+    return _write_outputs(args, result)
+
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    """Read the flags, the policy, the fleet and the trace (``_Setup``).
+
+    Raises:
+        _Refused: a flag out of range, an invalid policy, a missing or unreadable file.
+    """
     from scheduler_extender.core.engine import Engine
     from scheduler_extender.core.policy import PolicyError, load_policy
-    from scheduler_extender.simulator import report
-    from scheduler_extender.simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
-    from scheduler_extender.simulator.cluster import Cluster
-    from scheduler_extender.simulator.fgd import FgdPolicy
     from scheduler_extender.simulator.model import simulation_catalog
-    from scheduler_extender.simulator.run import fgd_arrivals, simulate
     from scheduler_extender.simulator.traces import TraceError, load_fleet, openb_pods, yaml_pods
-    from scheduler_extender.simulator.workload import llm_pods, rate_for_load
 
     try:
         loads = _loads(args.load)
@@ -139,11 +198,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise ValueError("--repeats must be >= 1")
         policy = load_policy(None if args.policy == "default" else args.policy)
     except (ValueError, PolicyError) as e:
-        print(f"gpuplace simulate: {e}", file=sys.stderr)
-        return 2
+        raise _Refused(str(e)) from None
     catalog = simulation_catalog()
-    engine = Engine(policy, catalog)
-    t0 = time.perf_counter()
     try:
         if args.trace in ("openb", "yaml") and not args.pods:
             raise TraceError(f"--trace {args.trace} needs --pods FILE")
@@ -166,16 +222,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             trace = []
     except (TraceError, OSError) as e:
-        print(f"gpuplace simulate: {e}", file=sys.stderr)
-        return 2
+        raise _Refused(str(e)) from None
     try:
         nodes, trace, share, replicas = sharing_setup(args, policy, nodes, trace)
     except ValueError as e:
-        print(f"gpuplace simulate: {e}", file=sys.stderr)
-        return 2
-    capacity = sum(len(n.inventory.gpus) for n in nodes)
-    capacity_milli = Cluster(nodes, catalog, policy).capacity_milli  # units (MIG devices count) x 1000
-    cpu_only = sum(1 for p in trace if not p.gpus)
+        raise _Refused(str(e)) from None
+    return _Setup(Engine(policy, catalog), catalog, fleet, nodes, trace, skipped, share, replicas, loads, baselines)
+
+
+def _pods_for(args: argparse.Namespace, trace: list[Any], capacity: int, capacity_milli: int) -> Any:
+    """The pods of one (seed, load) run: the generated LLM mix, or the trace (FGD's arrivals in fill mode)."""
+    from scheduler_extender.simulator.run import fgd_arrivals
+    from scheduler_extender.simulator.workload import llm_pods, rate_for_load
 
     def pods_for(seed: int, load: float):  # noqa: ANN202
         if args.trace == "llm":
@@ -184,40 +242,44 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             gen = llm_pods(seed, rate_per_hour=rate_for_load(load, capacity))
             return [p for p, _ in zip(gen, range(args.llm_pods))]
         return fgd_arrivals(trace, seed, load, capacity_milli) if args.mode == "fill" else trace
+    return pods_for
+
+
+def _policies(args: argparse.Namespace, setup: _Setup) -> list[Any]:
+    """gpuplace (as the chart installs the extender, or as the flags say) and the baselines."""
+    from scheduler_extender.simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
+    from scheduler_extender.simulator.fgd import FgdPolicy
+    from scheduler_extender.simulator.workload import llm_pods
 
     weight = EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
     # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
     # sample of its stream at the first seed (every seed draws from the same distribution).
-    target = trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
-    policies = [GpuplacePolicy(engine, extender_weight=weight, filter_returns_best=args.filter_returns_best,
-                               cpu_only_pods=args.cpu_only_pods),
-                *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, catalog) for b in baselines)]
-    progress = None
-    if not args.quiet and sys.stderr.isatty():
-        def progress(label: str, n: int) -> None:
-            print(f"\r  {label}: {n} pods ...   ", end="", file=sys.stderr, flush=True)
-    if not args.quiet:
-        print(f"fleet: {len(nodes)} nodes, {capacity} GPUs ({fleet}); workload: {args.trace}"
-              f"{f' {args.pods}' if args.pods else ''}; {len(trace) - cpu_only or 'generated'} GPU pods"
-              f"{f', {cpu_only} CPU-only pods' if cpu_only else ''}"
-              f"{f', {skipped} CPU-only pods skipped' if skipped else ''}; mode {args.mode}; "
-              f"policies {', '.join(p.name for p in policies)}; seeds {args.seed}..{args.seed + args.repeats - 1}",
-              file=sys.stderr)
-    result = simulate(nodes, policies, engine, mode=args.mode, loads=loads,
-                      seeds=list(range(args.seed, args.seed + args.repeats)), pods_for_seed=pods_for, progress=progress)
-    if progress is not None:
-        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-    result.meta = {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": fleet, "nodes": len(nodes),
-                   "gpus": capacity, "skipped_cpu_only_pods": skipped, "cpu_only_pods": cpu_only,
-                   "extender_weight": weight, "filter_returns_best": args.filter_returns_best,
-                   "cpu_only_pods_to_extender": args.cpu_only_pods,
-                   "sharing": args.sharing, "time_sliced_share": share,
-                   "time_sliced_nodes": sum(1 for n in nodes if n.sharing is not None),
-                   "replicas": replicas,
-                   "policy": args.policy, "loads": [report.load_key(l) for l in loads],
-                   "title": f"({args.trace}, {args.mode})"}
-    print(report.render_table(result))
-    print(f"wall time {time.perf_counter() - t0:.1f} s")
+    target = setup.trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
+    return [GpuplacePolicy(setup.engine, extender_weight=weight, filter_returns_best=args.filter_returns_best,
+                           cpu_only_pods=args.cpu_only_pods),
+            *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, setup.catalog) for b in setup.baselines)]
+
+
+def _meta(args: argparse.Namespace, setup: _Setup, capacity: int, cpu_only: int, weight: float) -> dict[str, Any]:
+    """The run's description in the JSON report."""
+    from scheduler_extender.simulator import report
+
+    nodes = setup.nodes
+    return {"mode": args.mode, "trace": args.trace, "pods": args.pods, "fleet": setup.fleet, "nodes": len(nodes),
+            "gpus": capacity, "skipped_cpu_only_pods": setup.skipped, "cpu_only_pods": cpu_only,
+            "extender_weight": weight, "filter_returns_best": args.filter_returns_best,
+            "cpu_only_pods_to_extender": args.cpu_only_pods,
+            "sharing": args.sharing, "time_sliced_share": setup.share,
+            "time_sliced_nodes": sum(1 for n in nodes if n.sharing is not None),
+            "replicas": setup.replicas,
+            "policy": args.policy, "loads": [report.load_key(l) for l in setup.loads],
+            "title": f"({args.trace}, {args.mode})"}
+
+
+def _write_outputs(args: argparse.Namespace, result: Any) -> int:
+    """``--json`` and ``--charts``; 2 when the charts cannot be drawn (no matplotlib)."""
+    from scheduler_extender.simulator import report
+
     if args.json:
         report.write_json(result, args.json)
         print(f"wrote {args.json}")
