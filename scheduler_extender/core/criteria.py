@@ -281,6 +281,11 @@ OFTEN_CHANGING_UNIT_FIELDS: frozenset[str] = frozenset(
 """``Unit`` fields some criterion declares as changing often: never part of an equivalence key."""
 
 _PER_NODE = tuple(c for c in CRITERIA if any(r.changes == "often" for r in c.reads))
+for _c in _PER_NODE:  # per_node_fields sees a job through its declared annotations only
+    if not any(a.parse is not None for a in _c.annotations) or not all(
+            r.field.startswith("unit.") for r in _c.reads if r.changes == "often"):
+        raise ImportError(f"criterion {_c.name}: a criterion over often-changing fields reads unit. fields and "
+                          "declares an annotation with parse (docs/design.md, 'Adding a criterion')")
 
 
 def per_node_fields(job: Job) -> tuple[str, ...]:
