@@ -281,7 +281,7 @@ def parse_pod(pod: Pod | Mapping[str, Any], catalog: Catalog, class_names: tuple
                                errors=(AnnotationError(e.field, e.message),))
     ours = {k: v for k, v in pod.annotations.items() if k.startswith(PREFIX)}
     # A misspelt key (gpuplace.io/vrma) would silently drop the user's constraint: refuse it.
-    errors: list[AnnotationError] = _unknown_keys(list(ours), _known_keys(annotations))
+    errors: list[AnnotationError] = _unknown_keys(list(ours), frozenset(a.key for a in annotations))
     for key in [k for k, v in ours.items() if len(str(v)) > MAX_VALUE_CHARS]:
         errors.append(AnnotationError(key, f"{shown(ours.pop(key))} is longer than {MAX_VALUE_CHARS} characters; "
                                            "no gpuplace.io annotation needs that many"))
@@ -394,21 +394,6 @@ def _class_name(annotations: Mapping[str, str], class_names: tuple[str, ...], er
         return value
     errors.append(AnnotationError(A_CLASS, f"{shown(value)} is not a class of the policy; use one of {', '.join(class_names)}"))
     return None
-
-
-_KNOWN_KEYS: dict[int, tuple[tuple[Annotation, ...], frozenset[str]]] = {}
-
-
-def _known_keys(annotations: Sequence[Annotation]) -> frozenset[str]:
-    """The keys of ``annotations``; computed once per module-level tuple (kept by identity, with
-    the tuple itself, so that an identity is never reused)."""
-    hit = _KNOWN_KEYS.get(id(annotations))
-    if hit is not None and hit[0] is annotations:
-        return hit[1]
-    keys = frozenset(a.key for a in annotations)
-    if isinstance(annotations, tuple) and len(_KNOWN_KEYS) < 16:  # a handful of tables; never grows with requests
-        _KNOWN_KEYS[id(annotations)] = (annotations, keys)
-    return keys
 
 
 def _declared(ours: Mapping[str, Any], annotations: Sequence[Annotation],
