@@ -30,6 +30,12 @@ structure in ``STRUCTURAL_UNIT_FIELDS``, which the key holds otherwise): a crite
 unit attribute cannot merge units that differ in it. What is left out is named, with why; the
 default is in. An unhashable value makes the node its own class: never a wrong merge, only a
 missed one.
+
+What is computed once per view and per state is remembered beside them, in ``IdentityMemo`` side
+tables of this module (``served.identity``): nothing is written into the frozen objects. A number
+is never given to two different keys, so an entry the tables lost (a bound reached) is recomputed
+into the same number, or into a new one (a missed merge, never a wrong one) when the interning
+table was cleared in between.
 """
 
 from __future__ import annotations
@@ -41,9 +47,8 @@ from typing import Callable, Collection, Hashable
 
 from scheduler_extender.core.criteria import OFTEN_CHANGING_UNIT_FIELDS
 from scheduler_extender.core.devices import NodeState, NodeView, Unit
+from scheduler_extender.served.identity import IdentityMemo
 
-_VIEW_SIGNATURE = "_gpuplace_signature"
-_STATE_KEY = "_gpuplace_equivalence_keys"
 HOST_FIELDS = ("cpu_milli_free", "memory_bytes_free")
 """Read by no filter criterion, only by the score's fragmentation component: left out of the key so
 that nodes differing only in free CPU/memory share filter verdicts; ``GroupedEngine.score_grouped`` (``served.grouped``)
@@ -127,19 +132,45 @@ def _automorphisms(adjacency: tuple[frozenset[int], ...]) -> tuple[tuple[int, ..
     return found
 
 
-_UNIT_PROPERTIES = "_gpuplace_unit_properties"
+class _ViewKeys:
+    """What this module remembers of one view (``_VIEW_KEYS``)."""
+
+    __slots__ = ("signature", "number", "properties")
+
+    def __init__(self) -> None:
+        self.signature: tuple[Hashable, ...] | None = None
+        self.number: int | None = None
+        self.properties: dict[str, tuple[tuple[Hashable, ...], ...]] = {}
+
+
+_VIEW_KEYS: IdentityMemo[_ViewKeys] = IdentityMemo()
+"""Per ``NodeView`` (views are immutable): its signature, class number and unit properties."""
+_STATE_KEYS: IdentityMemo[dict[str | None, int]] = IdentityMemo()
+"""Per ``NodeState`` (states are immutable, rebuilt on every change): resource -> ``state_key``.
+``grouped.with_host`` shares a state's dict with its copy under another name and host."""
+_EMPTY: dict[str | None, int] = {}
+MAX_RESOURCES_PER_OBJECT = 64
+"""Resources whose keys or unit properties one view or state keeps; beyond, it starts over. A
+cluster has a handful of GPU resources; a pod may name any ``nvidia.com/mig-...`` and memory must
+not grow with what clients send."""
+
+
+def _view_keys(view: NodeView) -> _ViewKeys:
+    found = _VIEW_KEYS.get(view)
+    return found if found is not None else _VIEW_KEYS.put(view, _ViewKeys())
 
 
 def unit_properties(view: NodeView, resource: str) -> tuple[tuple[Hashable, ...], ...]:
     """Per unit of ``view.units(resource)``, in order, everything criteria and score components
     read from it except its UUID and GPU index: units with equal properties get equal verdicts
     from every per-unit criterion. Computed once per view (views are immutable)."""
-    cache = view.__dict__.get(_UNIT_PROPERTIES)
-    if cache is None:
-        cache = view.__dict__[_UNIT_PROPERTIES] = {}  # frozen dataclass: cache beside the fields
+    cache = _view_keys(view).properties
     props = cache.get(resource)
     if props is None:
-        props = cache[resource] = tuple(_unit_properties(u) for u in view.units(resource))
+        props = tuple(_unit_properties(u) for u in view.units(resource))
+        if len(cache) >= MAX_RESOURCES_PER_OBJECT:
+            cache.clear()
+        cache[resource] = props
     return props
 
 
@@ -166,27 +197,25 @@ def _resource_signature(resource: str, units: tuple[Unit, ...]) -> tuple[Hashabl
 
 def view_signature(view: NodeView) -> tuple[Hashable, ...]:
     """The view's structure without names and UUIDs; computed once per view (views are immutable)."""
-    sig = view.__dict__.get(_VIEW_SIGNATURE)
+    memo = _view_keys(view)
+    sig = memo.signature
     if sig is None:
-        sig = (view.description, view.sharing,
-               tuple(_resource_signature(r, us) for r, us in view.units_by_resource.items()))
-        view.__dict__[_VIEW_SIGNATURE] = sig  # frozen dataclass: cache beside the fields, as cached_property does
+        sig = memo.signature = (view.description, view.sharing,
+                                tuple(_resource_signature(r, us) for r, us in view.units_by_resource.items()))
     return sig
-
-
-_VIEW_CLASS = "_gpuplace_view_class"
 
 
 def view_class(view: NodeView) -> int:
     """A number equal for views with the same ``view_signature`` (the same devices, models,
     topology and GPU indices, whatever their names and UUIDs); computed once per view."""
-    number = view.__dict__.get(_VIEW_CLASS)
+    memo = _view_keys(view)
+    number = memo.number
     if number is None:
         try:
             number = _intern(("view", view_signature(view)))
         except TypeError:  # an unhashable field: a class of its own
             number = next(_next_class)
-        view.__dict__[_VIEW_CLASS] = number  # frozen dataclass: cache beside the fields
+        memo.number = number
     return number
 
 
@@ -241,9 +270,9 @@ def state_key(state: NodeState, resource: str | None) -> int:
     allocation out. Computed once per ``NodeState`` and resource (states are immutable and
     rebuilt on every change).
     """
-    keys = state.__dict__.get(_STATE_KEY)
+    keys = _STATE_KEYS.get(state)
     if keys is None:
-        keys = state.__dict__[_STATE_KEY] = {}  # frozen dataclass: cache beside the fields, as cached_property does
+        keys = _STATE_KEYS.put(state, {})
     else:
         number = keys.get(resource)
         if number is not None:
@@ -269,8 +298,16 @@ def state_key(state: NodeState, resource: str | None) -> int:
         number = _intern(key)
     except TypeError:  # an unhashable field: this state is a class of its own
         number = next(_next_class)
+    if len(keys) >= MAX_RESOURCES_PER_OBJECT:
+        keys.clear()
     keys[resource] = number
     return number
+
+
+def copy_state_keys(state: NodeState, to: NodeState) -> None:
+    """Let ``to`` share the ``state_key`` numbers remembered for ``state``: for a copy of ``state``
+    that differs only in fields no key reads (its name and ``HOST_FIELDS``; ``grouped.with_host``)."""
+    _STATE_KEYS.copy(state, to)
 
 
 def with_own_values(states: list[NodeState], keys: list[int], resource: str | None, fields: tuple[str, ...]) -> list[int]:
@@ -291,9 +328,9 @@ def with_own_values(states: list[NodeState], keys: list[int], resource: str | No
 
 
 def state_keys(states: list[NodeState], resource: str | None) -> list[int]:
-    """``state_key`` of every state; the keys computed before are read without a function call each."""
-    attr = _STATE_KEY
-    cached = [(s.__dict__.get(attr) or {}).get(resource) for s in states]
+    """``state_key`` of every state; the keys computed before are read without a function call
+    each (one lookup by identity per state, then builtins)."""
+    cached = list(map(dict.get, _STATE_KEYS.get_many(states, _EMPTY), itertools.repeat(resource)))
     if None in cached:
         cached = [k if k is not None else state_key(s, resource) for s, k in zip(states, cached)]
     return cached  # type: ignore[return-value]

@@ -21,12 +21,13 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, NodeView
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.criteria import per_node_fields
-from scheduler_extender.served.equivalence import state_keys, unit_properties, view_class, with_own_values
+from scheduler_extender.served.equivalence import copy_state_keys, state_keys, unit_properties, view_class, with_own_values
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.score import NodeScore, scores_without_devices, supply_of
 from scheduler_extender.core.workload import WorkloadProfile
+from scheduler_extender.served.identity import IdentityMemo
 
 @dataclass(frozen=True)
 class GroupedResults:
@@ -218,14 +219,12 @@ MEMO_SCORES = 256
 
 def with_host(state: NodeState, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
     """``state`` under another node's name and free CPU/memory (``score_grouped`` scores a node on
-    its class's representative this way). The keys this layer keeps beside a state's fields
-    (``served.equivalence``) depend on neither, so they carry over."""
+    its class's representative this way). The keys this layer remembers for a state
+    (``served.equivalence``) depend on neither, so they carry over: the view-level ones with the
+    view both share, the state keys copied to the new state (``equivalence.copy_state_keys``)."""
     out = dataclasses.replace(state, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
-    out.__dict__.update((k, v) for k, v in state.__dict__.items() if k not in _NODE_STATE_FIELDS)
+    copy_state_keys(state, out)
     return out
-
-
-_NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
 
 
 def frozen_value(value: Any) -> Hashable:
@@ -254,10 +253,9 @@ def decision_job(job: Job) -> Job:
     """
     if not job.req.name:
         return job
-    cached = job.__dict__.get(_DECISION)
+    cached = _DECISIONS.get(job)
     if cached is None:
-        # frozen dataclass: cache beside the fields, as functools.cached_property does
-        cached = job.__dict__[_DECISION] = dataclasses.replace(job, req=dataclasses.replace(job.req, name=""))
+        cached = _DECISIONS.put(job, dataclasses.replace(job, req=dataclasses.replace(job.req, name="")))
     return cached
 
 
@@ -268,15 +266,17 @@ def named_job(decision: Job, name: str) -> Job:
     if not name:
         return decision
     job = _replaced(decision, req=_replaced(decision.req, name=name))
-    job.__dict__[_DECISION] = decision  # frozen dataclass: cache beside the fields
+    _DECISIONS.put(job, decision)
     return job
 
 
 def _replaced(obj: Any, **changes: Any) -> Any:
     """``dataclasses.replace(obj, **changes)`` for the frozen dataclasses here (no
-    ``__post_init__``, no init-only fields): the fields are copied without running ``__init__``,
-    and nothing cached beside them is carried over. A pod of a known spec is named this way on
-    every request, where ``dataclasses.replace`` took ~15 us a call."""
+    ``__post_init__``, no init-only fields, no slots): the new object's own declared fields are
+    written into its fresh ``__dict__`` without running ``__init__`` (``changes`` must name fields
+    only), and nothing else: no memo of ``obj`` (the side tables are keyed by identity, not
+    copied). A pod of a known spec is named this way on every request, where
+    ``dataclasses.replace`` took ~15 us a call."""
     fields = _FIELDS.get(type(obj))
     if fields is None:
         fields = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
@@ -290,8 +290,11 @@ def _replaced(obj: Any, **changes: Any) -> Any:
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-_DECISION = "_gpuplace_decision_job"
-_KEY = "_gpuplace_job_key"
+_DECISIONS: IdentityMemo[Job] = IdentityMemo()
+"""Per named ``Job``: its ``decision_job`` (``named_job`` puts it; the server's pod memo keeps the
+decisions alive, a named job lives for its request)."""
+_JOB_KEYS: IdentityMemo[Hashable] = IdentityMemo()
+"""Per ``Job``: its ``_job_key`` when hashable (a copy of the job's fields, never the job itself)."""
 
 
 def _job_key(job: Job) -> Hashable | None:
@@ -301,14 +304,13 @@ def _job_key(job: Job) -> Hashable | None:
     one of the policy's classes, whose names are unique, so its name stands for it. Any other
     unhashable field falls back to ``frozen_value``.
     """
-    cached = job.__dict__.get(_KEY)
+    cached = _JOB_KEYS.get(job)
     if cached is not None:
         return cached
     try:
         key: Hashable = (dataclasses.replace(job, size_class=None), job.size_class.name)
         hash(key)
-        job.__dict__[_KEY] = key  # frozen dataclass: cache beside the fields
-        return key
+        return _JOB_KEYS.put(job, key)
     except TypeError:
         pass
     try:
