@@ -20,8 +20,7 @@ import orjson
 
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.served.grouped import (GroupedEngine, GroupedResults, NodeGroups, as_grouped, decision_job,
-                                             group_nodes, named_job)
+from scheduler_extender.served.grouped import GroupedEngine, GroupedResults, NodeGroups, as_grouped, group_nodes
 from scheduler_extender.served.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
@@ -32,6 +31,7 @@ from scheduler_extender.core.pod import Pod, as_pod
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
+from scheduler_extender.served.decider import Decider
 from scheduler_extender.served.memo import BoundedMemo
 from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
@@ -40,15 +40,6 @@ from scheduler_extender.cluster.sources import StateSource
 from scheduler_extender.service.wire import ExtenderArgs, dumps
 
 log = logging.getLogger(__name__)
-
-MAX_JOBS = 256
-"""Resolved pods remembered by content (namespace, annotations, container resources, namespace labels, policy)."""
-
-MAX_JOB_BYTES = 16 * 2**20
-"""... and the bytes they may keep alive: a job keeps at most the strings of its pod (charged at
-``Pod.content_key``'s size) and reasons cut to a bounded length (``JOB_OVERHEAD_BYTES``)."""
-
-JOB_OVERHEAD_BYTES = 4096
 
 _IGNORED_ANNOTATIONS = frozenset({REQUEUE_ANNOTATION})
 """Left out of a pod's job key: the extender's own requeue mark changes nothing the pod asks for."""
@@ -142,7 +133,8 @@ class ExtenderService:
     """The verbs, without HTTP. ``engine`` is swapped whole on a policy reload."""
 
     def __init__(self, engine: Engine, source: StateSource, metrics: ExtenderMetrics | None = None) -> None:
-        self.engine = engine  # a GroupedEngine (the property below wraps a plain Engine)
+        # The engine, the job memo and the learned workload: what the simulator decides with too.
+        self.decider = Decider(engine)
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
         self._node_index: _NodeIndex | None = None
@@ -154,13 +146,9 @@ class ExtenderService:
         self._quoted_bytes = 0
         # NodeGroups.serial -> per class, its nodes' names as JSON strings (``_encoded_members``)
         self._quoted_members: BoundedMemo[list[list[bytes]]] = BoundedMemo(MAX_QUOTED_GROUPS, MAX_QUOTED_GROUP_BYTES)
-        # digest of a pod's content -> its decision_job (``_job``)
-        self._specs: BoundedMemo[Job] = BoundedMemo(MAX_JOBS, MAX_JOB_BYTES)
-        # The target workload for the fragmentation score: learned from the pods /filter sees
-        # (static mode), or from the API server's waiting GPU pods (cluster mode, ``observe_pod``),
-        # where a request, which anyone reaching the port can send, must not move it.
-        self.workload = WorkloadTracker()
-        self._workload_lock = threading.Lock()
+        # The target workload for the fragmentation score (the decider's): learned from the pods
+        # /filter sees (static mode), or from the API server's waiting GPU pods (cluster mode,
+        # ``observe_pod``), where a request, which anyone reaching the port can send, must not move it.
         self.learn_from_requests = True
         # Pods /filter passed no node for, requeued when a change lets one pass (cluster mode).
         self.requeue: Requeuer | None = None
@@ -173,16 +161,24 @@ class ExtenderService:
 
     @property
     def engine(self) -> GroupedEngine:
-        """The engine requests are decided with; swapped whole on a policy reload."""
-        return self._engine
+        """The engine requests are decided with (the decider's); swapped whole on a policy reload."""
+        return self.decider.engine
 
     @engine.setter
     def engine(self, engine: Engine) -> None:
-        self._engine = as_grouped(engine)
+        self.decider.engine = engine
+
+    @property
+    def workload(self) -> WorkloadTracker:
+        """The learned workload's tracker (the decider's)."""
+        return self.decider.workload
+
+    @workload.setter
+    def workload(self, tracker: WorkloadTracker) -> None:
+        self.decider.workload = tracker
 
     def _learn(self, job: Any, pod: Pod) -> None:
-        with self._workload_lock:
-            self.workload.observe_job(job, pod.uid)
+        self.decider.learn(job, pod.uid)
 
     def observe_pod(self, obj: Any) -> None:
         """Count ``obj`` (a v1.Pod from the API server: the pending-pods watch) in the learned
@@ -197,8 +193,7 @@ class ExtenderService:
 
     def workload_profile(self) -> WorkloadProfile:
         """The learned target workload's current snapshot (immutable; empty until enough pods were seen)."""
-        with self._workload_lock:
-            return self.workload.profile()
+        return self.decider.workload_profile()
 
     def _decide_grouped(self, args: ExtenderArgs) -> tuple[Job, list[str], GroupedResults]:
         """Job and filter verdicts for a request; ``filter_node`` runs once per equivalence class of nodes."""
@@ -328,24 +323,10 @@ class ExtenderService:
         return [n for n, g in zip(names, grouped.group_of) if results[g].passed and not results[g].untouched]
 
     def _job(self, engine: Engine, pod: Pod) -> Job:
-        """``engine.job`` for ``pod``, shared by pods with the same content (a controller's burst;
-        the same pod sent to filter and then to prioritize): a pod is resolved from its
-        namespace, name, annotations and container resources, its namespace's labels and the
-        policy (``core.job.resolve_job``), and the name is set apart (``named_job``), so the memo
-        is keyed by the rest (``Pod.content_key``). Nothing a request claims about a pod's
-        identity (uid, resourceVersion) is part of the key: a request forged with another pod's
-        uid gets its own content's job and cannot change what that pod gets. The extender's own
-        requeue mark changes nothing the pod asks for, so it is left out: the pod shares the job
-        of its siblings."""
-        labels = self.namespace_labels_of(pod)
-        content, size = pod.content_key(_IGNORED_ANNOTATIONS)
-        key = (engine.serial, content, frozenset(labels.items()) if labels is not None else None)
-        decision = self._specs.get(key)
-        if decision is not None:
-            return named_job(decision, pod.name)
-        job = engine.job(pod, labels)
-        self._specs.put(key, decision_job(job), size + JOB_OVERHEAD_BYTES)
-        return job
+        """``engine.job`` for ``pod`` through the decider's job memo (``Decider.job``), with its
+        namespace's labels from the source; the extender's own requeue mark changes nothing the
+        pod asks for, so it is left out of the key: the pod shares the job of its siblings."""
+        return self.decider.job(pod, self.namespace_labels_of(pod), as_grouped(engine), _IGNORED_ANNOTATIONS)
 
     def namespace_labels_of(self, pod: Pod) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
@@ -450,7 +431,7 @@ class ExtenderService:
         every tied node until the binding shows would hold GPUs a burst's next pods need, and
         holding none would let them over-commit a shared GPU."""
         workload = self.workload_profile()
-        scored = self.engine.score_grouped(job, grouped, workload)
+        scored = self.decider.score(job, grouped, workload=workload)
         per_node = [scored.scores[i] for i in scored.score_of]
         # The score's other components break ties of the 0-10 integer (11 levels kube-scheduler
         # accepts): NodeScore.best_rank; kube-scheduler's own scores choose among what is left.
@@ -506,7 +487,7 @@ class ExtenderService:
     def _node_scores_without_devices(self, job: Job, grouped: GroupedResults) -> list[NodeScore | None]:
         """Per node (input order), the score of a pod without devices, computed on each node's own
         state (``GroupedEngine.score_grouped``); None for a node that failed."""
-        scored = self.engine.score_grouped(job, grouped, self.workload_profile())  # node by node for such a pod
+        scored = self.decider.score(job, grouped)  # node by node for such a pod
         return [scored.scores[i] for i in scored.score_of]
 
     def _best_only_without_devices(self, job: Job, args: ExtenderArgs, names: list[str],
@@ -654,7 +635,7 @@ class ExtenderService:
             body = dumps([{"Host": n, "Score": sc.score if sc is not None else 0} for n, sc in zip(names, per_node)])
             return body, job, grouped
         workload = self.workload_profile()
-        scored = self.engine.score_grouped(job, grouped, workload)
+        scored = self.decider.score(job, grouped, workload=workload)
         scores = scored.scores
         best = max((s for s in scores if s is not None), key=lambda s: (s.score, -s.cost_per_hour), default=None)
         if best is not None and best.score > 0:

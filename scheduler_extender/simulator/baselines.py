@@ -54,11 +54,12 @@ import numpy as np
 from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, Unit
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.served.grouped import GroupedResults, as_grouped
+from scheduler_extender.core.pod import as_pod
+from scheduler_extender.served.decider import Decider
+from scheduler_extender.served.grouped import GroupedEngine, GroupedResults
 from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
-from scheduler_extender.core.workload import WorkloadTracker
 from scheduler_extender.simulator.cluster import MILLI, Cluster
 from scheduler_extender.simulator.model import SimPod
 
@@ -143,20 +144,26 @@ class GpuplacePolicy:
         # nodes of the best score (``NodeScore.best_rank``), and kube-scheduler's own scores choose
         # among those; False: filter + prioritize.
         self.filter_returns_best = filter_returns_best
-        self.engine = as_grouped(engine)
+        # The engine, the job memo and the learned workload, as the extender's service holds them.
+        self.decider = Decider(engine)
         self._jobs: dict[tuple, Job] = {}
         self.filter_calls = 0  # requests to the grouped filter (one per pod the extender is asked about)
-        self.tracker = WorkloadTracker()
+
+    @property
+    def engine(self) -> GroupedEngine:
+        """The decider's engine."""
+        return self.decider.engine
 
     def job(self, pod: SimPod) -> Job:
-        """The engine's ``Job`` for the pod's manifest, one per kind of pod: keyed on the signature
+        """The decider's ``Job`` for the pod's manifest (``Decider.job``, the extender's job memo),
+        kept per kind of pod so that the manifest is built once: keyed on the signature
         plus the CPU/memory requests, which the filter does not read but the score's
         ``fragmentation`` and the learned workload do (keyed on the signature alone, every pod of a
         signature was scored and learned with the first one's requests)."""
         key = (pod.signature, pod.cpu_milli, pod.memory_mib)
         j = self._jobs.get(key)
         if j is None:
-            j = self.engine.job(pod.manifest())
+            j = self.decider.job(as_pod(pod.manifest()), None)
             if pod.sharing:  # the share the GPU-sharing device plugin would give it
                 j = dataclasses.replace(j, gpu_milli=pod.gpu_milli)
             j = self._jobs[key] = j
@@ -202,7 +209,7 @@ class GpuplacePolicy:
             i = _pick(np.where(fits, kube_scores(pod, cluster), -np.inf), rng)  # the default profile alone
             return None if i is None else (i, ())
         job, live, state_of, grouped = self._grouped(pod, cluster, fits)
-        self.tracker.observe_job(job)  # the extender learns from every pod it is asked about, placed or not
+        self.decider.learn(job)  # the extender learns from every pod it is asked about, placed or not
         verdicts = _by_class(live, state_of, grouped)
         if not any(r.passed and r.chosen for r in verdicts.values()):
             return None
@@ -211,7 +218,7 @@ class GpuplacePolicy:
         free = np.bincount(cluster.model_of[fits], weights=cluster.milli_free[fits].sum(axis=1),
                            minlength=len(cluster.models)) / MILLI
         supply = {mid: float(v) for mid, v in zip(cluster.models, free) if v > 0}
-        scored = self.engine.score_grouped(job, grouped, self.tracker.profile(), supply)
+        scored = self.decider.score(job, grouped, supply)
         by_class = np.full(cluster.class_total, -np.inf)
         rank: dict[int, tuple[int, float]] = {}
         for cid, k in zip(live, state_of):
@@ -244,7 +251,7 @@ class GpuplacePolicy:
         state_of = [cluster.class_state(cid) for cid in live]
         states = list({id(st): st for st in state_of}.values())
         results = [NodeResult(st.name, True, untouched=True) for st in states]
-        scores = self.engine.score(job, states, results, self.tracker.profile())
+        scores = self.engine.score(job, states, results, self.decider.workload_profile())
         by_class = np.full(cluster.class_total, -np.inf)
         rank = {}
         for cid, st in zip(live, state_of):
@@ -271,7 +278,7 @@ class GpuplacePolicy:
         return _pick(keys, rng)
 
     def reset(self) -> None:
-        self.tracker = WorkloadTracker()
+        self.decider.reset_workload()
 
 
 def _by_class(live: list[int], state_of: list[int], grouped: GroupedResults) -> dict[int, NodeResult]:

@@ -8,6 +8,7 @@ import tracemalloc
 
 import pytest
 
+from scheduler_extender.served import decider
 from scheduler_extender.service import decisions as server  # the memo bounds
 from scheduler_extender.core.catalog import default_catalog
 from scheduler_extender.served.grouped import GroupedEngine
@@ -88,7 +89,7 @@ def test_distinct_giant_pod_specs_leave_memory_within_the_memo_bounds(service):
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert service._specs.size_bytes <= server.MAX_JOB_BYTES
+    assert service.decider._specs.size_bytes <= decider.MAX_JOB_BYTES
     assert grown < 24 * 2**20, f"memory grew by {grown / 2**20:.1f} MiB"
 
 

@@ -376,13 +376,13 @@ def test_gpuplace_scores_and_learns_each_pod_with_its_own_cpu_and_memory_request
     light = SimPod("light", 1, cpu_milli=1000, memory_mib=1024)
     heavy = SimPod("heavy", 1, cpu_milli=30000, memory_mib=65536)
     pol = GpuplacePolicy(ENGINE)
-    pol.tracker = WorkloadTracker(refresh_pods=1)
+    pol.decider.workload = WorkloadTracker(refresh_pods=1)
     assert (pol.job(light).cpu_milli, pol.job(heavy).cpu_milli) == (1000, 30000)
     assert pol.job(heavy).memory_bytes == 65536 * 2**20
     c = Cluster([node("n", "t4", 4, 64000, 262144)], CAT, ENGINE.policy)
     for p in (light, heavy):
         pol.choose(p, c, random.Random(0))
-    learned = {s.cpu_milli for s, _ in pol.tracker.profile().shapes}
+    learned = {s.cpu_milli for s, _ in pol.decider.workload_profile().shapes}
     assert learned == {1000, 30000}
 
 
@@ -587,11 +587,11 @@ def test_gpuplace_places_a_cpu_only_pod_where_its_cpu_strands_no_gpu_when_the_ex
     # "busy": its two GPUs held, 40 cores left; "free": two free GPUs and 64 cores, which 30-core
     # GPU pods need. The default profile alone (LeastAllocated) takes the emptier "free".
     pol = GpuplacePolicy(ENGINE, cpu_only_pods=cpu_only_pods)
-    pol.tracker = WorkloadTracker(refresh_pods=1)
+    pol.decider.workload = WorkloadTracker(refresh_pods=1)
     c = Cluster([node("busy", "t4", 2, 64000, 262144), node("free", "t4", 2, 64000, 262144)], CAT, ENGINE.policy)
     gpu_pod = lambda k: SimPod(f"g{k}", 1, cpu_milli=12000, memory_mib=1024)  # noqa: E731
     for k in range(2):
         c.place(0, gpu_pod(k), (c.units[0][k],))
-        pol.tracker.observe(demand_shape(pol.job(SimPod(f"w{k}", 1, cpu_milli=30000, memory_mib=1024))))
+        pol.decider.workload.observe(demand_shape(pol.job(SimPod(f"w{k}", 1, cpu_milli=30000, memory_mib=1024))))
     i, units = pol.choose(SimPod("cpu", 0, cpu_milli=8000, memory_mib=1024), c, random.Random(0))
     assert (c.nodes[i].name, units) == (expected, ())
