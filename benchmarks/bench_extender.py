@@ -142,7 +142,10 @@ def bench_size(nodes: int, args: argparse.Namespace, workdir: Path, log_dir: Pat
     ext_port, ref_port = free_port(), free_port()
     t0 = time.perf_counter()
     ext = start_server([python(), "-m", "scheduler_extender.cli", "--inventory-dir", str(inv_dir),
-                        "--host", "127.0.0.1", "--port", str(ext_port), "--max-body-bytes", str(MAX_BODY_BYTES)],
+                        "--host", "127.0.0.1", "--port", str(ext_port), "--max-body-bytes", str(MAX_BODY_BYTES),
+                        # every client's body at once (a NodeList of 5,000 nodes is ~14 MiB): the
+                        # default bound of bodies in flight answers 503 to the fourth
+                        "--max-inflight-body-bytes", str((args.concurrency + 1) * MAX_BODY_BYTES)],
                        ext_port, log_dir / f"extender-{nodes}.log")
     out["extender_startup_s"] = time.perf_counter() - t0
     out["extender_rss_after_load_mib"] = rss_mib(ext.pid)
