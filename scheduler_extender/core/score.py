@@ -199,31 +199,44 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
             - workload.host_stranding(resource, g_before, cpu, mem))
 
 
-def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile) -> float:
+def _free_of(state: NodeState, resource: str, frees: dict[str, FreeModels] | None) -> FreeModels:
+    """``free_models(state, resource)``, kept in ``frees`` (one call's, for one state) when given."""
+    if frees is None:
+        return free_models(state, resource)
+    free = frees.get(resource)
+    if free is None:
+        free = frees[resource] = free_models(state, resource)
+    return free
+
+
+def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile,
+                    frees: dict[str, FreeModels] | None = None) -> float:
     """For a pod without devices: how much its CPU and memory requests raise the node's expected
     unusable free devices (``fragmentation_delta`` plus ``host_stranding_delta`` with no device
     taken), summed over the device resources of the workload; in devices, 0 or more. 0 on a node
-    whose CPU and memory are unknown, or with no device free."""
+    whose CPU and memory are unknown, or with no device free. ``frees``: the state's
+    ``free_models`` per resource, shared with ``devices_in_use`` (filled as needed)."""
     if state.cpu_milli_free is None and state.memory_bytes_free is None:
         return 0.0
     total = 0.0
     for resource in workload.resources:
-        free = free_models(state, resource)
+        free = _free_of(state, resource, frees)
         if free[1]:
             total += (fragmentation_delta(job, state, (), workload, free, resource)
                       + host_stranding_delta(job, state, (), workload, free, resource))
     return total
 
 
-def devices_in_use(state: NodeState) -> float:
+def devices_in_use(state: NodeState, frees: dict[str, FreeModels] | None = None) -> float:
     """Share of the node's devices (every resource's healthy units) that pods hold, 0 to 1; 1 for a
-    node without devices (its CPU serves no device). What sharing pods left of a unit counts as free."""
+    node without devices (its CPU serves no device). What sharing pods left of a unit counts as free.
+    ``frees``: as for ``host_only_delta``."""
     view = state.view
     if view is None:
         return 1.0
     total = free = 0.0
     for resource in view.units_by_resource:
-        levels, _ = free_models(state, resource)
+        levels, _ = _free_of(state, resource, frees)
         total += sum(1 for u in view.units(resource) if u.healthy)
         free += sum(levels.values()) / MILLI
     return 1.0 - free / total if total else 1.0
@@ -278,81 +291,78 @@ class Candidates:
     fragmentation: Mapping[str, float]
 
 
-ComponentValue = Callable[[Candidates, NodeState, NodeResult], "float | None"]
-COMPONENT_VALUES: dict[str, ComponentValue] = {}
-"""Each declared component's function (``core.components``), by name: the candidate's value in
-[0, 1], or None where the component does not apply to this pod."""
+ComponentValue = Callable[[Candidates, NodeState, NodeResult], float]
+ComponentApplies = Callable[[Candidates], bool]
+COMPONENT_VALUES: dict[str, tuple[ComponentApplies, ComponentValue]] = {}
+"""Each declared component's functions (``core.components``), by name: whether it applies to the
+pod (decided once per ``score_nodes`` call, from the pod and the candidates) and each candidate's
+value in [0, 1] where it does."""
 
 
-def component(name: str) -> Callable[[ComponentValue], ComponentValue]:
-    """Register the function of the component declared as ``name`` in ``core.components``."""
+def _always(c: Candidates) -> bool:
+    return True
+
+
+def component(name: str, applies: ComponentApplies = _always) -> Callable[[ComponentValue], ComponentValue]:
+    """Register the value function of the component declared as ``name`` in ``core.components``,
+    with ``applies``: whether it applies to the pod at all (default: always)."""
     def register(fn: ComponentValue) -> ComponentValue:
         if name not in {c.name for c in COMPONENTS} or name in COMPONENT_VALUES:
             raise ValueError(f"score component {name!r}: not declared in core.components, or registered twice")
-        COMPONENT_VALUES[name] = fn
+        COMPONENT_VALUES[name] = (applies, fn)
         return fn
     return register
 
 
-def _share(units: Sequence[Unit], test: Callable[[Unit], bool]) -> float:
-    return sum(1 for u in units if test(u)) / len(units)
-
-
 @component("cost")
-def _cost(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
+def _cost(c: Candidates, state: NodeState, result: NodeResult) -> float:
     cost = c.costs[result.node]
     return c.min_cost / cost if cost > 0 else 1.0
 
 
-@component("vramFit")
-def _vram_fit(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    vram = c.job.vram
-    if vram is None:
-        return None
+@component("vramFit", applies=lambda c: c.job.vram is not None)
+def _vram_fit(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    need = c.job.vram.bytes_per_gpu  # type: ignore[union-attr]  # applies: known
     units = result.chosen
-    return sum(min(1.0, vram.bytes_per_gpu / u.memory_bytes) for u in units) / len(units)
+    return sum(min(1.0, need / u.memory_bytes) for u in units) / len(units)
 
 
-@component("mig")
-def _mig(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    if "full-gpu" in c.job.req.prefer:
-        return _share(result.chosen, lambda u: u.kind == "gpu")
-    if c.job.size_class.prefer_mig or "mig" in c.job.req.prefer:
-        return _share(result.chosen, lambda u: u.kind == "mig")
-    return None
+def _full_gpus_preferred(c: Candidates) -> bool:
+    return "full-gpu" in c.job.req.prefer
 
 
-@component("throughput")
-def _throughput_component(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    if c.job.workload not in ("training", "finetune-lora"):
-        return None
+@component("mig", applies=lambda c: _full_gpus_preferred(c) or c.job.size_class.prefer_mig or "mig" in c.job.req.prefer)
+def _mig(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    units = result.chosen
+    kind = "gpu" if _full_gpus_preferred(c) else "mig"
+    return sum(u.kind == kind for u in units) / len(units)
+
+
+@component("throughput", applies=lambda c: c.job.workload in ("training", "finetune-lora"))
+def _throughput_component(c: Candidates, state: NodeState, result: NodeResult) -> float:
     units = result.chosen
     return sum(_throughput(u, c.best_bw, c.best_tflops) for u in units) / len(units)
 
 
-@component("nvlink")
-def _nvlink(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    n = c.job.req.gpu_count
-    if "nvlink" not in c.job.req.prefer or n <= 1:
-        return None
-    return 1.0 if find_nvlink_group(result.chosen, n) is not None else 0.0
+@component("nvlink", applies=lambda c: "nvlink" in c.job.req.prefer and c.job.req.gpu_count > 1)
+def _nvlink(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    return 1.0 if find_nvlink_group(result.chosen, c.job.req.gpu_count) is not None else 0.0
 
 
-@component("ecc")
-def _ecc(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    if "ecc" not in c.job.req.prefer:
-        return None
-    return _share(result.chosen, lambda u: u.ecc_enabled is True)
+@component("ecc", applies=lambda c: "ecc" in c.job.req.prefer)
+def _ecc(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    units = result.chosen
+    return sum(u.ecc_enabled is True for u in units) / len(units)
 
 
-@component("packing")
-def _packing_component(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    return None if c.fragmentation else _packing(state, result, c.job)
+@component("packing", applies=lambda c: not c.fragmentation)
+def _packing_component(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    return _packing(state, result, c.job)
 
 
-@component("fragmentation")
-def _fragmentation(c: Candidates, state: NodeState, result: NodeResult) -> float | None:
-    return c.fragmentation.get(result.node) if c.fragmentation else None
+@component("fragmentation", applies=lambda c: bool(c.fragmentation))
+def _fragmentation(c: Candidates, state: NodeState, result: NodeResult) -> float:
+    return c.fragmentation[result.node]
 
 
 def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
@@ -403,14 +413,15 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         max((u.bf16_tflops or 0 for u in all_units), default=0.0),
         _fragmentation_values(job, gpu_pods, policy, workload, scarcity))
     weight_of = policy.scoring.by_component()
-    values = [(c.name, COMPONENT_VALUES[c.name]) for c in COMPONENTS]
+    applying = [(c.name, value) for c in COMPONENTS for applies, value in (COMPONENT_VALUES[c.name],)
+                if applies(candidates)]  # the same for every candidate: decided once
+    weights = {name: weight_of[name] for name, _ in applying}
     out: list[NodeScore] = []
     for state, result in passed:
         if not result.chosen:
             out.append(NodeScore(result.node, 0, {}, 0.0))
             continue
-        comps = {name: v for name, fn in values if (v := fn(candidates, state, result)) is not None}
-        weights = {k: weight_of[k] for k in comps}
+        comps = {name: value(candidates, state, result) for name, value in applying}
         value = _weighted_mean(comps, weights)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, costs[result.node], value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
@@ -435,11 +446,13 @@ def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResul
     w = policy.scoring
     if not passed or not scores_without_devices(job, policy, workload):
         return [NodeScore(r.node, 0, {}, 0.0) for _, r in passed]
-    frag = fragmentation_values({r.node: host_only_delta(job, s, workload) for s, r in passed})  # type: ignore[arg-type]  # workload: checked
+    frees: list[dict[str, FreeModels]] = [{} for _ in passed]  # per state, free_models once per resource
+    frag = fragmentation_values({r.node: host_only_delta(job, s, workload, f)  # type: ignore[arg-type]  # workload: checked
+                                 for (s, r), f in zip(passed, frees)})
     out = []
     weights = {"fragmentation": w.fragmentation, "packing": w.packing}
-    for state, result in passed:
-        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state)}
+    for (state, result), f in zip(passed, frees):
+        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, f)}
         value = _weighted_mean(comps, weights)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, 0.0, value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
