@@ -183,16 +183,28 @@ class WorkloadProfile:
         all the free share (module docstring)."""
         total_milli = sum(level * n for _, level, n in free)
         share = fragment = 0.0
+        # Per gpu_milli, what every shape asking it reads (exact integer sums, so computed once they
+        # are the same numbers): devices with that much free (unconstrained shapes), thousandths below it.
+        usable_at: dict[int, int] = {}
+        below: dict[int, int] = {}
         for s, w in shapes:
             fits = not (ci is not None and s.cpu_milli is not None and s.cpu_milli > cpu_milli_free  # type: ignore[operator]
                         or mi is not None and s.memory_bytes is not None and s.memory_bytes > memory_bytes_free)  # type: ignore[operator]
+            gm = s.gpu_milli
             if fits:
-                constrained = s.allowed_models is not None or bool(s.denied_models)
-                fits = sum(n for m, level, n in free
-                           if level >= s.gpu_milli and (not constrained or s.usable(m))) >= s.gpus
+                if s.allowed_models is not None or s.denied_models:
+                    fits = sum(n for m, level, n in free if level >= gm and s.usable(m)) >= s.gpus
+                else:
+                    usable = usable_at.get(gm)
+                    if usable is None:
+                        usable = usable_at[gm] = sum(n for _, level, n in free if level >= gm)
+                    fits = usable >= s.gpus
             if fits:
                 share += w
-                fragment += w * sum(level * n for _, level, n in free if level < s.gpu_milli)
+                b = below.get(gm)
+                if b is None:
+                    b = below[gm] = sum(level * n for _, level, n in free if level < gm)
+                fragment += w * b
             else:
                 fragment += w * total_milli
         return share, fragment
