@@ -413,8 +413,8 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         max((u.bf16_tflops or 0 for u in all_units), default=0.0),
         _fragmentation_values(job, gpu_pods, policy, workload, scarcity))
     weight_of = policy.scoring.by_component()
-    applying = [(c.name, value) for c in COMPONENTS for applies, value in (COMPONENT_VALUES[c.name],)
-                if applies(candidates)]  # the same for every candidate: decided once
+    # Whether a component applies is the same for every candidate: decided once.
+    applying = [(c.name, COMPONENT_VALUES[c.name][1]) for c in COMPONENTS if COMPONENT_VALUES[c.name][0](candidates)]
     weights = {name: weight_of[name] for name, _ in applying}
     out: list[NodeScore] = []
     for state, result in passed:

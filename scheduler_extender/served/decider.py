@@ -16,7 +16,7 @@ tracker is behind a lock.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import Mapping
 
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.job import Job
@@ -92,7 +92,7 @@ class Decider:
         return self.engine.score_grouped(job, grouped, workload if workload is not None else self.workload_profile(),
                                          supply)
 
-    def reset_workload(self) -> Any:
+    def reset_workload(self) -> None:
         """Forget the learned workload (a new simulation run)."""
         with self._workload_lock:
             self.workload = WorkloadTracker()

@@ -20,7 +20,7 @@ import orjson
 
 from scheduler_extender.core.devices import NodeState
 from scheduler_extender.core.engine import Engine
-from scheduler_extender.served.grouped import GroupedEngine, GroupedResults, NodeGroups, as_grouped, group_nodes
+from scheduler_extender.served.grouped import GroupedEngine, GroupedResults, NodeGroups, group_nodes
 from scheduler_extender.served.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
 from scheduler_extender.core.job import Job
@@ -311,7 +311,7 @@ class ExtenderService:
             keys.append(key)
         return states, keys, (None if oldest == math.inf else oldest)
 
-    def job_for(self, engine: Engine, pod: Any) -> Job:
+    def job_for(self, engine: GroupedEngine, pod: Any) -> Job:
         """The resolved ``pod`` under ``engine`` (remembered as for a filter call)."""
         return self._job(engine, pod)
 
@@ -322,11 +322,11 @@ class ExtenderService:
         results = grouped.results
         return [n for n, g in zip(names, grouped.group_of) if results[g].passed and not results[g].untouched]
 
-    def _job(self, engine: Engine, pod: Pod) -> Job:
+    def _job(self, engine: GroupedEngine, pod: Pod) -> Job:
         """``engine.job`` for ``pod`` through the decider's job memo (``Decider.job``), with its
         namespace's labels from the source; the extender's own requeue mark changes nothing the
         pod asks for, so it is left out of the key: the pod shares the job of its siblings."""
-        return self.decider.job(pod, self.namespace_labels_of(pod), as_grouped(engine), _IGNORED_ANNOTATIONS)
+        return self.decider.job(pod, self.namespace_labels_of(pod), engine, _IGNORED_ANNOTATIONS)
 
     def namespace_labels_of(self, pod: Pod) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
