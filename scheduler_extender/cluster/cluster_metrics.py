@@ -108,7 +108,7 @@ class ClusterStateCollector(Collector):
                 continue
             node_tally["valid"] += 1
             if now is not None:
-                age.add_metric([st.name], max(0.0, (now - st.view.inventory.observed_at).total_seconds()))
+                age.add_metric([st.name], max(0.0, (now - st.view.observed_at).total_seconds()))
             states = unit_states(st)
             models: dict[str, str] = {}
             for u in st.view.all_units:
@@ -117,9 +117,8 @@ class ClusterStateCollector(Collector):
                     mig_tally[(_model(u), u.mig_profile or "", states.get(u.uuid, "free"))] += 1
                 else:
                     gpu_tally[(_model(u), states.get(u.uuid, "free"))] += 1
-            for gpu in st.view.inventory.gpus:
-                if gpu.mig_enabled:
-                    gpu_tally[(models.get(gpu.uuid, gpu.name), "mig")] += 1
+            for uuid, name in st.view.mig_gpus:
+                gpu_tally[(models.get(uuid, name), "mig")] += 1
         for (model, state), n in sorted(gpu_tally.items()):
             gpus.add_metric([model, state], n)
         for (model, profile, state), n in sorted(mig_tally.items()):

@@ -14,6 +14,7 @@ A ``NodeView`` is built once per inventory (not per request) and is immutable.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -150,15 +151,21 @@ class NodeView:
     """Immutable, precomputed view of one node's inventory, by resource name."""
 
     name: str
-    inventory: NodeGPUInventory
+    observed_at: dt.datetime
+    """The inventory's ``observedAt`` (timezone-aware)."""
     units_by_resource: Mapping[str, tuple[Unit, ...]]
     description: str = field(default="")
-    observed_ts: float = field(default=0.0)  # inventory.observedAt as POSIX seconds: cheap to compare
+    observed_ts: float = field(default=0.0)  # observed_at as POSIX seconds: cheap to compare
     provenance: str = field(default="")
     """Empty for an agent's inventory; else where it came from (``core.gfd.PROVENANCE``): every
     reason for the node says so, and it is never stale (labels are current while the Node is)."""
     sharing: GpuSharing | None = field(default=None)
     """How the device plugin shares the node's ``nvidia.com/gpu`` (``core.sharing``); None: whole GPUs."""
+    mig_gpus: tuple[tuple[str, str], ...] = field(default=())
+    """(UUID, driver name) of each GPU in MIG mode, also those without a MIG device (which no unit
+    stands for). The view keeps what decisions and metrics read of the inventory, not the parsed
+    inventory itself: that model was two thirds of the cluster cache's memory per node
+    (benchmarks/README.md, issue 26)."""
 
     def units(self, resource: str) -> tuple[Unit, ...]:
         return self.units_by_resource.get(resource, ())
@@ -200,12 +207,13 @@ def build_node_view(inventory: NodeGPUInventory, catalog: Catalog, node_name: st
     desc = ", ".join(f"{n}x {name}" for name, n in counts.most_common()) or "no GPUs"
     return NodeView(
         name=node_name or inventory.node_name,
-        inventory=inventory,
+        observed_at=inventory.observed_at,
         units_by_resource={k: tuple(v) for k, v in by_resource.items()},
         description=f"{desc}, from GPU feature discovery labels" if provenance else desc,
         observed_ts=inventory.observed_at.timestamp(),
         provenance=provenance,
         sharing=sharing,
+        mig_gpus=tuple((g.uuid, g.name) for g in inventory.gpus if g.mig_enabled),
     )
 
 

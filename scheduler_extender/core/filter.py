@@ -151,7 +151,7 @@ def inventory_rejection(state: NodeState, policy: Policy, now: dt.datetime | Non
                                           "(policy inventory.onMissing: reject; gfd-labels would use them)")
         return None  # labels are current while the Node is: never stale
     if now is not None and policy.inventory.on_stale == "reject":
-        age = (now - state.view.inventory.observed_at).total_seconds()
+        age = (now - state.view.observed_at).total_seconds()
         limit = policy.inventory.stale_after_seconds
         if age > limit:
             return Rejection(C_INVENTORY, f"GPU inventory is stale: observed {age:.0f} s ago, limit {limit:.0f} s (policy inventory.staleAfterSeconds)")

@@ -208,7 +208,7 @@ def test_missing_and_stale_inventories_fail_gpu_pods_with_a_reason():
     missing = run(pod({}), NodeState("bare", None))
     assert criteria(missing) == {C_INVENTORY} and "gpuplace-agent" in missing.reason
     state = node(gpus(1, RTX4090))
-    observed = state.view.inventory.observed_at
+    observed = state.view.observed_at
     assert run(pod({}), state, now=observed + dt.timedelta(seconds=299)).passed
     stale = run(pod({}), state, now=observed + dt.timedelta(seconds=301))
     assert criteria(stale) == {C_INVENTORY} and "stale" in stale.reason
