@@ -69,7 +69,11 @@ def parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
 def sysfs_numa_node(bus_id: str, sysfs_root: str | Path = "/sys") -> int | None:
     """NUMA node of the CPU socket the GPU's PCI device hangs off, from
     ``/sys/bus/pci/devices/<addr>/numa_node``; what ``nvidia-smi topo -m`` shows as "NUMA
-    Affinity". ``-1`` (firmware gave no affinity) and any read failure are ``None``."""
+    Affinity". ``-1`` (firmware gave no affinity) is the machine's only NUMA node where it has
+    one (``/sys/devices/system/node/online`` names a single node), as topo -m shows it: an H100
+    passed through to a one-node Firecracker VM has ``numa_node`` -1 and "NUMA Affinity 0"
+    (``tests/fixtures/nvml/h100-80gb-hbm3-real-2026-11-27.yaml``). With more nodes, -1 tells
+    nothing: ``None``; any read failure is ``None``."""
     parsed = parse_bus_id(bus_id)
     if parsed is None:
         return None
@@ -79,7 +83,17 @@ def sysfs_numa_node(bus_id: str, sysfs_root: str | Path = "/sys") -> int | None:
         value = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    return value if value >= 0 else None
+    return value if value >= 0 else _only_numa_node(sysfs_root)
+
+
+def _only_numa_node(sysfs_root: str | Path) -> int | None:
+    """The machine's NUMA node when it has exactly one online (``online`` reads ``0``), else None
+    (``0-1``, ``0,2``: several; unreadable: unknown)."""
+    try:
+        online = (Path(sysfs_root) / "devices/system/node/online").read_text().strip()
+    except OSError:
+        return None
+    return int(online) if online.isdigit() else None
 
 
 VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD"}

@@ -25,16 +25,17 @@ What follows nvml.h here, and not pynvml:
 - **Return codes** are nvml.h's; every call before ``nvmlInitWithFlags`` or after the last
   ``nvmlShutdown`` is ``NVML_ERROR_UNINITIALIZED``; handles are opaque pointers.
 - **Behaviour the documentation states**: ``nvmlDeviceGetAttributes_v2`` answers for MIG device
-  handles only; a GPU without NVLink answers NOT_SUPPORTED on link 0 and INVALID_ARGUMENT past
-  its last link; an empty MIG slot is NOT_FOUND; ``nvmlEventSetWait_v2`` with nothing queued is
-  NVML_ERROR_TIMEOUT; in an unprivileged container with MIG on (``Fixture.privileged: false``)
-  ``nvmlDeviceGetGpuInstanceById`` and the parent GPU's ``nvmlDeviceGetMemoryInfo`` are
-  NVML_ERROR_NO_PERMISSION (NVIDIA/k8s-device-plugin and gpu-monitoring-tools reports; the
-  MIG user guide: "GPU instance management requires privileges"); ``nvmlDeviceGetTemperature``
-  knows one sensor, ``NVML_TEMPERATURE_GPU`` (0), and answers NVML_ERROR_INVALID_ARGUMENT for any
-  other ``sensorType`` (NVML 570's ``nvmlTemperatureSensors_t``; ``NVML_TEMPERATURE_GPU_MAX`` = 1
-  came with NVML 615, NVML API change log) and NOT_SUPPORTED where the scenario gives no
-  temperature.
+  handles only; a GPU without NVLink answers NOT_SUPPORTED on link 0 and INVALID_ARGUMENT past its
+  last link; an empty MIG slot is NOT_FOUND, and with MIG off every slot is NOT_FOUND and
+  ``nvmlDeviceGetMaxMigDeviceCount`` 0 (as an H100 answered on driver 580.159.04);
+  ``nvmlEventSetWait_v2`` with nothing queued is NVML_ERROR_TIMEOUT; in an unprivileged container
+  with MIG on (``Fixture.privileged: false``) ``nvmlDeviceGetGpuInstanceById`` and the parent
+  GPU's ``nvmlDeviceGetMemoryInfo`` are NVML_ERROR_NO_PERMISSION (NVIDIA/k8s-device-plugin and
+  gpu-monitoring-tools reports; the MIG user guide: "GPU instance management requires
+  privileges"); ``nvmlDeviceGetTemperature`` knows one sensor, ``NVML_TEMPERATURE_GPU`` (0), and
+  answers NVML_ERROR_INVALID_ARGUMENT for any other ``sensorType`` (NVML 570's
+  ``nvmlTemperatureSensors_t``; ``NVML_TEMPERATURE_GPU_MAX`` = 1 came with NVML 615, NVML API
+  change log) and NOT_SUPPORTED where the scenario gives no temperature.
 
 Struct layouts are from nvml.h (CUDA 12.8 / NVML 570, as vendored by NVIDIA/go-nvml
 ``pkg/nvml/nvml.h``); the sizes are checked against the ``NVML_STRUCT_VERSION`` constants
@@ -403,8 +404,12 @@ class StandinLibrary(Boundary):
     c_nvmlDeviceGetRetiredPagesPendingStatus = _uint_getter(
         "nvmlDeviceGetRetiredPagesPendingStatus",
         lambda g: None if g.retiredPagesPending is None else int(g.retiredPagesPending))
+    # NVIDIA documents the count as "zero if MIG is not supported or enabled"; an H100 with MIG off
+    # answered 0 (h100-80gb-hbm3-real-2026-11-27.yaml). A GPU without MIG: NOT_SUPPORTED, as
+    # before (no hardware reading of one).
     c_nvmlDeviceGetMaxMigDeviceCount = _uint_getter(
-        "nvmlDeviceGetMaxMigDeviceCount", lambda g: None if g.migMode == "unsupported" else g.maxMigDevices)
+        "nvmlDeviceGetMaxMigDeviceCount",
+        lambda g: None if g.migMode == "unsupported" else g.maxMigDevices if g.migMode == "enabled" else 0)
     del _uint_getter
 
     def c_nvmlDeviceGetTemperature(self, handle: Any, sensor_type: Any, temp: Any) -> int:
@@ -557,8 +562,10 @@ class StandinLibrary(Boundary):
         p, rc = self._profile_info(handle, profile)
         if rc or p is None:
             return rc
+        # version 0 in what is written back, as driver 580.159.04 wrote it (the caller's version
+        # is checked above; h100-80gb-hbm3-real-2026-11-27.nvml-calls.json)
         info = _GpuInstanceProfileInfoV2(
-            version=struct_version(_GpuInstanceProfileInfoV2, 2), id=p.id, isP2pSupported=0, sliceCount=p.sliceCount,
+            version=0, id=p.id, isP2pSupported=0, sliceCount=p.sliceCount,
             instanceCount=p.instanceCount, multiprocessorCount=p.multiprocessors, copyEngineCount=p.copyEngines,
             decoderCount=p.decoders, encoderCount=0, jpegCount=p.jpegs, ofaCount=p.ofas, memorySizeMB=p.memoryMiB,
             name=p.name.encode())
@@ -582,6 +589,8 @@ class StandinLibrary(Boundary):
             return rc
         gpu = self.fixture.gpus[i]
         slot = _value(index)
+        if gpu.migMode == "disabled":
+            return ERROR_NOT_FOUND  # an H100 with MIG off answered NOT_FOUND (h100-80gb-hbm3-real-2026-11-27.yaml)
         if gpu.migMode != "enabled" or slot >= gpu.maxMigDevices:
             return ERROR_INVALID_ARGUMENT
         if slot >= len(gpu.migDevices):
