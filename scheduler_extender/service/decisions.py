@@ -8,6 +8,7 @@ over HTTP; ``gpuplace explain`` and the tests call it directly. No HTTP framewor
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import math
 import threading
@@ -254,7 +255,7 @@ class ExtenderService:
         whatever a client sends, not the cluster's nodes."""
         known = idx.states
         if not all(map(known.__contains__, names)):
-            missing = [n for n in names if n not in known]
+            missing = list(itertools.filterfalse(known.__contains__, names))
             knows = getattr(self.source, "knows", None)
             strangers: dict[str, NodeState] = {}
             for name, st in zip(missing, self.source.states(missing, None)):
@@ -432,14 +433,22 @@ class ExtenderService:
         holding none would let them over-commit a shared GPU."""
         workload = self.workload_profile()
         scored = self.decider.score(job, grouped, workload=workload)
-        per_node = [scored.scores[i] for i in scored.score_of]
         # The score's other components break ties of the 0-10 integer (11 levels kube-scheduler
         # accepts): NodeScore.best_rank; kube-scheduler's own scores choose among what is left.
-        top, tied = best_ranked((i, sc.best_rank if sc is not None else None) for i, sc in enumerate(per_node))
+        # Ranked per scored part (a class of alike nodes), not per node: at 5,000 nodes the
+        # per-node ranks and reasons below were half of the request (benchmarks/README.md, issue 26).
+        score_of = scored.score_of
+        top, best_parts = best_ranked((k, sc.best_rank if sc is not None else None) for k, sc in enumerate(scored.scores))
+        if len(best_parts) == 1:
+            only = best_parts[0]
+            tied = [i for i, k in enumerate(score_of) if k == only]
+        else:
+            in_top = set(best_parts)
+            tied = [i for i, k in enumerate(score_of) if k in in_top]
         best = top[0] if top is not None else None
         first_best = _tie_break(job, grouped, tied)
         if first_best is not None:
-            self._count_placement(job, scored.results[scored.score_of[first_best]])
+            self._count_placement(job, scored.results[score_of[first_best]])
             # One node, so that the reservation holds exactly where the pod will be bound.
             self._reserve(args.Pod, [names[first_best]], job)
         chosen = names[first_best] if first_best is not None else None
@@ -448,19 +457,18 @@ class ExtenderService:
             passing: list[str] = []
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
-            for name, g, sc in zip(names, grouped.group_of, per_node):
-                r = grouped.results[g]
-                if r.passed and (sc is None or name == chosen):
+            # (class, scored part) -> (passes the filter, passes the answer but for ``chosen``, the
+            # reason otherwise, unresolvable): the same for every node of the pair.
+            verdicts: dict[tuple[int, int], tuple[bool, bool, str, bool]] = {}
+            for name, g, k in zip(names, grouped.group_of, score_of):
+                v = verdicts.get((g, k))
+                if v is None:
+                    v = verdicts[(g, k)] = _best_only_verdict(grouped.results[g], scored.scores[k], top, best, chosen)
+                passed, passes, reason, unresolvable_reason = v
+                if passes or (passed and name == chosen):
                     passing.append(name)
-                elif r.passed and sc.best_rank == top:
-                    failed[name] = (f"passes, and gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another "
-                                    f"node {best} ({top[1]:.3f}) alike; {chosen} is passed alone, so that the extender "
-                                    "can hold the pod's GPUs there until kube-scheduler binds it")
-                elif r.passed:
-                    failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
-                                    f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored node only)")
                 else:
-                    (unresolvable if r.unresolvable else failed)[name] = r.reason
+                    (unresolvable if unresolvable_reason else failed)[name] = reason
             return dumps(self._result_body(args, passing, failed, unresolvable))
 
         return self._answer(("filter-best", workload.version), grouped, build)
@@ -647,6 +655,23 @@ class ExtenderService:
         return body, job, grouped
 
 
+def _best_only_verdict(r: NodeResult, sc: NodeScore | None, top: tuple[int, float] | None, best: int | None,
+                       chosen: str | None) -> tuple[bool, bool, str, bool]:
+    """What ``_best_only_response`` answers for a node of filter result ``r`` and score ``sc``:
+    (``r`` passed, the node passes the answer whatever its name, the reason it fails otherwise,
+    that reason is unresolvable). A node that passed with a score passes only as ``chosen``."""
+    if r.passed and sc is None:
+        return True, True, "", False
+    if r.passed and sc.best_rank == top:  # type: ignore[union-attr]  # passed: scored
+        return True, False, (f"passes, and gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another "  # type: ignore[union-attr]
+                             f"node {best} ({top[1]:.3f}) alike; {chosen} is passed alone, so that the extender "  # type: ignore[index]
+                             "can hold the pod's GPUs there until kube-scheduler binds it"), False
+    if r.passed:
+        return True, False, (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "  # type: ignore[union-attr]
+                             f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored node only)"), False  # type: ignore[index]
+    return False, False, r.reason, r.unresolvable
+
+
 def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None:
     """Of the input positions ``tied`` (nodes with gpuplace's best score), the one kube-scheduler's
     default profile would score highest for the pod's CPU and memory (``core.kube_scores``), the
@@ -657,11 +682,17 @@ def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None
     if not states:
         return tied[0]
     req = job.req
+    # By the node's free and allocatable CPU and memory, all the score reads of it: the tied nodes
+    # of a large cluster are mostly untouched ones, alike in those four numbers.
+    by_host: dict[tuple[int | None, ...], int] = {}
 
     def kube_score(i: int) -> int:
         st = states[i]
-        return default_profile_score(req.cpu_milli, req.memory_bytes, st.cpu_milli_free, st.memory_bytes_free,
-                                     st.cpu_milli_allocatable, st.memory_bytes_allocatable)
+        host = (st.cpu_milli_free, st.memory_bytes_free, st.cpu_milli_allocatable, st.memory_bytes_allocatable)
+        score = by_host.get(host)
+        if score is None:
+            score = by_host[host] = default_profile_score(req.cpu_milli, req.memory_bytes, *host)
+        return score
 
     return max(tied, key=lambda i: (kube_score(i), -i))
 
