@@ -439,12 +439,8 @@ class ExtenderService:
         # per-node ranks and reasons below were half of the request (benchmarks/README.md, issue 26).
         score_of = scored.score_of
         top, best_parts = best_ranked((k, sc.best_rank if sc is not None else None) for k, sc in enumerate(scored.scores))
-        if len(best_parts) == 1:
-            only = best_parts[0]
-            tied = [i for i, k in enumerate(score_of) if k == only]
-        else:
-            in_top = set(best_parts)
-            tied = [i for i, k in enumerate(score_of) if k in in_top]
+        in_top = set(best_parts)
+        tied = [i for i, k in enumerate(score_of) if k in in_top]
         best = top[0] if top is not None else None
         first_best = _tie_break(job, grouped, tied)
         if first_best is not None:
