@@ -93,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "kube-scheduler retries it at once instead of after podMaxInUnschedulablePodsDuration. "
                         "Needs patch on pods (the chart grants it, limited to that annotation on unbound pods by "
                         "an admission policy) (default: on)")
+    p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=False,
+                   help="cluster mode: GPU-aware preemption. For a pending pod this extender passed no node for, "
+                        "where only evictions can make room (the right GPUs busy, no free NVLink group, a shared "
+                        "GPU's VRAM taken), choose the fewest lower-priority victims after whose eviction the "
+                        "filter passes it on a node, hold the pod there (annotation "
+                        "extender.gpuplace.io/nominated-node) and evict them through the Eviction API, which "
+                        "honours PodDisruptionBudgets; one replica acts, elected on --preemption-lease. Needs "
+                        "--requeue-rejected-pods, create on pods/eviction, list on poddisruptionbudgets and the "
+                        "Lease (the chart grants them) (default: off; the chart turns it on)")
+    p.add_argument("--preemption-lease", default=None, metavar="NAMESPACE/NAME",
+                   help="the coordination.k8s.io Lease the replicas elect the preempting one on (default: "
+                        "$POD_NAMESPACE/gpuplace-extender-preemption, namespace default without POD_NAMESPACE)")
     p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
                    help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
                         f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
@@ -193,7 +205,8 @@ def _start_pending_watch(cluster_watch: Any, metrics: ExtenderMetrics, service: 
     from scheduler_extender.cluster.pending import PENDING_FIELD_SELECTOR, PendingGpuPods
     from scheduler_extender.cluster.watch import ResourceWatcher
     cache = getattr(service.source, "cache", None)
-    pending = PendingGpuPods(on_new=service.observe_pod, on_deleted=cache.pod_gone if cache is not None else None)
+    pending = PendingGpuPods(on_new=service.observe_pod, on_deleted=cache.pod_gone if cache is not None else None,
+                             on_nominated=service.observe_nomination)
     service.learn_from_requests = False
     pods = client.CoreV1Api(client.ApiClient()).list_pod_for_all_namespaces
     w = ResourceWatcher("pending-pods", pods, pending, cluster_watch.stop_event,  # type: ignore[arg-type]
@@ -292,6 +305,16 @@ def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--reservation-seconds {args.reservation_seconds:g}: must be more than 0 and at most 3600")
     if args.tls_reload_seconds < 0:
         raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
+    if args.preemption and args.inventory_dir:
+        raise UsageError("--preemption is for cluster mode: static mode (--inventory-dir) sees no pods to evict")
+    if args.preemption and not args.requeue_rejected_pods:
+        raise UsageError("--preemption needs --requeue-rejected-pods: it preempts for the pods the requeue remembers")
+    if args.preemption_lease is not None:
+        from scheduler_extender.cluster.preemption import parse_lease
+        try:
+            parse_lease(args.preemption_lease)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if args.namespace_labels and not args.inventory_dir:
         raise UsageError("--namespace-labels is for static mode (--inventory-dir); "
                          "cluster mode reads namespace labels from the API server")
@@ -397,7 +420,26 @@ def _cluster_service(args: argparse.Namespace, engine: Engine, catalog: Any, met
         from scheduler_extender.cluster.requeue import Requeuer, pod_patcher
         service.requeue = Requeuer(service, pod_patcher(client.ApiClient()), pending.waits, metrics.requeue)
         background.append(service.requeue.run)
+    if args.preemption:
+        background.append(_preemption(args, service, metrics))
     return service, policy_watcher
+
+
+def _preemption(args: argparse.Namespace, service: ExtenderService, metrics: ExtenderMetrics
+                ) -> Callable[[], Awaitable[None]]:
+    """The preemption controller's loop (``cluster.preemption``), its leader election started."""
+    from kubernetes import client
+
+    from scheduler_extender.cluster.preemption import KubePreemptionApi, LeaderGate, Preemptor, parse_lease
+    from scheduler_extender.cluster.requeue import pod_patcher
+    requeue = service.requeue
+    assert requeue is not None  # _checked_options: --preemption needs --requeue-rejected-pods
+    lease = args.preemption_lease or f"{os.environ.get('POD_NAMESPACE') or 'default'}/gpuplace-extender-preemption"
+    gate = LeaderGate(*parse_lease(lease))
+    gate.start()
+    preemptor = Preemptor(service, requeue.rejected, KubePreemptionApi(client.ApiClient()), metrics.preemption,
+                          requeue=pod_patcher(client.ApiClient()))
+    return lambda: preemptor.run(gate.leading)
 
 
 def _load_kube_config(args: argparse.Namespace) -> None:

@@ -73,6 +73,9 @@ class _Pod:
     reserved_vram: int | None = None  # a reserved pod's need, estimated when it was reserved
     reserved: bool = False
     reserved_fraction: int | None = None  # ... or its gpuplace.io/gpu-fraction, thousandths of the GPU
+    priority: int = 0  # spec.priority (core.preemption reads it)
+    terminating: bool = False  # a deletionTimestamp is set: it still holds its devices until it is gone
+    labels: tuple[tuple[str, str], ...] = ()  # for PodDisruptionBudget selectors (cluster.preemption)
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,9 @@ class ClusterCache:
         self._host_pods: dict[str, tuple[str, int | None, int | None]] = {}  # uid -> (node, CPU, memory) requested
         self._host_by_node: dict[str, set[str]] = {}
         self._states: dict[str, NodeState] = {}
+        # uid -> (node, what it takes): pods preemption made room for (nominate)
+        self._nominations: dict[str, tuple[str, _Reserved]] = {}
+        self._nominated_on: dict[str, set[str]] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}  # name -> labels
         self.nodes_synced = False
         self.pods_synced = False
@@ -339,7 +345,9 @@ class ClusterCache:
         if not node or phase in TERMINAL_PHASES or not requests:
             self._remove_pod(uid)
             return
-        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests, pod if NVIDIA_GPU in requests else None)
+        entry = _Pod(f"{pod.namespace}/{pod.name}", node, requests, pod if NVIDIA_GPU in requests else None,
+                     priority=pod.priority, terminating=pod.metadata.deletion_timestamp is not None,
+                     labels=tuple(sorted((pod.metadata.labels or {}).items())))
         if self._pods.get(uid) == entry:
             return
         self._remove_pod(uid)
@@ -406,6 +414,8 @@ class ClusterCache:
         its reservation ends shortly unless the binding shows (``Reservations.left_pending``)."""
         with self._lock:
             self._reservations.left_pending(uid, _monotonic(now))
+            if uid in self._nominations:  # bound or deleted: the room it was nominated to is its own or free
+                self.nominate(uid, None)
 
     def expire_reservations(self, now: float | None = None) -> None:
         """End the reservations whose time is up (called before each decision and by the requeue loop)."""
@@ -466,14 +476,23 @@ class ClusterCache:
             return len(self.stats.inventory_errors)
 
     # ---- reads -------------------------------------------------------------------------------
-    def _allocation(self, node: _Node) -> NodeAllocation:
-        pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ())]
+    def _held_for(self, name: str) -> dict[str, _Reserved]:
+        """Pods held on node ``name`` that the watch does not show bound: its reservations, and
+        the pods nominated there (``nominate``) that hold no reservation (one counts once)."""
+        held = dict(self._reservations.on_node(name))
+        for uid in self._nominated_on.get(name, ()):
+            if uid not in held and uid not in self._pods and uid not in self._host_pods:
+                held[uid] = self._nominations[uid][1]
+        return held
+
+    def _allocation(self, node: _Node, without: frozenset[str] = frozenset()) -> NodeAllocation:
+        pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ()) if uid not in without]
         # Reserved pods count as bound here; on a shared node the agent has placed none of them
         # on a GPU, so each counts on every GPU (_shared_allocation's unplaced).
         # Keyed by uid, apart from pod names: a pod recreated under a bound pod's name (a
         # StatefulSet's web-0) is another pod, and no allocatedTo names a reserved one yet.
         pods += [_Pod(f"reserved:{uid}", node.name, r.requests, None, r.vram_bytes, True, r.gpu_fraction_milli)
-                 for uid, r in self._reservations.on_node(node.name).items() if r.requests]
+                 for uid, r in self._held_for(node.name).items() if r.requests and uid not in without]
         if not pods:
             return NodeAllocation()
         if node.view is not None and node.view.sharing is not None:
@@ -489,10 +508,11 @@ class ClusterCache:
         anonymous = _sum_requests(p.requests for p in pods if p.key not in named)
         return NodeAllocation(held=held, anonymous=anonymous)
 
-    def _host_free(self, node: _Node) -> tuple[int | None, int | None]:
+    def _host_free(self, node: _Node, without: frozenset[str] = frozenset()) -> tuple[int | None, int | None]:
         """Allocatable CPU/memory minus the bound pods' requests; None where either is unknown."""
-        pods = [self._host_pods[uid] for uid in self._host_by_node.get(node.name, ())]
-        pods += [(node.name, r.cpu_milli, r.memory_bytes) for r in self._reservations.on_node(node.name).values()]
+        pods = [self._host_pods[uid] for uid in self._host_by_node.get(node.name, ()) if uid not in without]
+        pods += [(node.name, r.cpu_milli, r.memory_bytes) for uid, r in self._held_for(node.name).items()
+                 if uid not in without]
         out: list[int | None] = []
         for k, cap in enumerate(node.host):
             used = [p[k + 1] for p in pods]
@@ -515,6 +535,59 @@ class ClusterCache:
                            cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
             self._states[name] = st
             return st
+
+    def state_without(self, name: str, uids: frozenset[str]) -> NodeState | None:
+        """The node's state with the pods (bound, reserved or nominated) of ``uids`` gone: their
+        devices, shares, CPU and memory free (``core.preemption``'s ``state_without``); the
+        current state for no uid; None if the node is unknown. Not kept."""
+        if not uids:
+            return self.state(name)
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            cpu, mem = self._host_free(node, uids)
+            return NodeState(name=name, view=node.view, allocation=self._allocation(node, uids),
+                             inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
+                             cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
+
+    def bound_pods(self, name: str) -> list[BoundPod]:
+        """The pods bound to node ``name`` that hold devices there (``_Pod``), by uid order."""
+        with self._lock:
+            return [BoundPod(uid, p.key, p.priority, p.terminating, dict(p.labels))
+                    for uid in sorted(self._pods_by_node.get(name, ())) for p in (self._pods[uid],)]
+
+    # ---- nominations (the room preemption makes for a pod, cluster.preemption) -----------------
+    def nominate(self, uid: str, node: str | None, pod: Pod | None = None, job: Job | None = None) -> None:
+        """Hold pod ``uid`` on ``node`` for as long as it is neither bound nor reserved, whatever
+        kube-scheduler asks meanwhile (a reservation ends when the pod is asked about again; a
+        nomination does not: victims take seconds to go, and the room must not go to another pod
+        meanwhile); ``node`` None ends it. What it takes is read from ``job`` as for ``reserve``.
+        Every replica nominates from the pod's ``extender.gpuplace.io/nominated-node``
+        annotation, which the preempting replica writes."""
+        with self._lock:
+            old = self._nominations.pop(uid, None)
+            if old is not None:
+                self._nominated_on.get(old[0], set()).discard(uid)
+                self._invalidate(old[0])
+            if node is None or pod is None or job is None or job.errors or len(uid) > MAX_UID_CHARS:
+                return
+            req = job.req
+            devices = {req.resource: req.gpu_count} if req.wants_gpu and req.resource else {}
+            entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), devices,
+                              job.vram.bytes_per_gpu if job.vram is not None else None,
+                              job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
+            if len(self._nominations) >= MAX_NOMINATIONS:
+                return
+            self._nominations[uid] = (node, entry)
+            self._nominated_on.setdefault(node, set()).add(uid)
+            self._invalidate(node)
+
+    def nomination(self, uid: str | None) -> str | None:
+        """The node pod ``uid`` is nominated on, if any."""
+        with self._lock:
+            held = self._nominations.get(uid) if uid else None
+            return held[0] if held is not None else None
 
     def node_names(self) -> list[str]:
         with self._lock:
@@ -555,6 +628,22 @@ class ClusterCache:
                 out[name] = {"inventory": inventory, "resources": resource_usage(view, alloc),
                              "pods": pods, "heldUnits": dict(alloc.held), "reserved": reserved}
             return {"synced": self.synced, "nodes": out}
+
+
+MAX_NOMINATIONS = 20_000
+"""Nominated pods held at once (``nominate``): as for reservations, a bound on what a cluster's
+annotations can make the cache hold."""
+
+
+@dataclass(frozen=True)
+class BoundPod:
+    """A pod bound to a node and holding devices there, as preemption reads it (``bound_pods``)."""
+
+    uid: str
+    key: str  # namespace/name
+    priority: int
+    terminating: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 MAX_REPLICAS_PER_POD = 64

@@ -20,6 +20,9 @@ from scheduler_extender.core.requirements import pod_gpu_requests
 
 PENDING_FIELD_SELECTOR = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
 
+NOMINATED_ANNOTATION = "extender.gpuplace.io/nominated-node"
+"""Written by the preempting replica (``cluster.preemption``, which names it too)."""
+
 
 @dataclass(frozen=True)
 class PendingPod:
@@ -42,12 +45,17 @@ class PendingGpuPods:
     ``ResourceWatcher`` (``replace_pods``, ``apply_pod_event``, ``pods_synced``, ``stats``)."""
 
     def __init__(self, on_new: Callable[[Mapping[str, Any]], None] | None = None,
-                 on_deleted: Callable[[str], None] | None = None) -> None:
+                 on_deleted: Callable[[str], None] | None = None,
+                 on_nominated: Callable[[str, str | None, Mapping[str, Any]], None] | None = None) -> None:
         """``on_new``: called with each waiting GPU pod seen for the first time. ``on_deleted``:
         called with the uid of each pod that leaves this watch (a DELETED event: the pod was
-        deleted, or bound), for its reservation."""
+        deleted, or bound), for its reservation. ``on_nominated``: called with (uid, node or None,
+        pod) when a waiting pod's ``extender.gpuplace.io/nominated-node`` annotation appears,
+        changes or goes (``cluster.preemption``)."""
         self._on_new = on_new
         self._on_deleted = on_deleted
+        self._on_nominated = on_nominated
+        self._nominated: dict[str, str] = {}  # uid -> the annotation's value last seen
         self._lock = threading.Lock()
         self._pods: dict[str, PendingPod] = {}
         self.pods_synced = False
@@ -78,6 +86,27 @@ class PendingGpuPods:
             new = self._set(obj)
         if new and self._on_new is not None:
             self._on_new(obj)
+        self._check_nomination(obj)
+
+    def _check_nomination(self, obj: Mapping[str, Any]) -> None:
+        """Tell ``on_nominated`` about a change of the pod's nomination annotation."""
+        if self._on_nominated is None:
+            return
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        annotations = meta.get("annotations") or {}
+        if not isinstance(uid, str) or not isinstance(annotations, Mapping):
+            return
+        node = annotations.get(NOMINATED_ANNOTATION)
+        node = node if isinstance(node, str) and node and not (obj.get("spec") or {}).get("nodeName") else None
+        with self._lock:
+            if self._nominated.get(uid) == node:
+                return
+            if node is None:
+                self._nominated.pop(uid, None)
+            else:
+                self._nominated[uid] = node
+        self._on_nominated(uid, node, obj)
 
     def _deleted(self, obj: Mapping[str, Any]) -> None:
         try:
@@ -87,12 +116,15 @@ class PendingGpuPods:
         with self._lock:
             self.stats.pod_events += 1
             self._pods.pop(pod.key, None)
+            if pod.uid:
+                self._nominated.pop(pod.uid, None)
         # A pod leaves this watch when it is bound too, and the API server's watch cache then sends
         # the object as it was before (no node): the callback cannot tell, and must not assume.
         if pod.uid and self._on_deleted is not None:
             self._on_deleted(pod.uid)
 
     def replace_pods(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        objs = list(objs)
         with self._lock:
             before = set(self._pods)
             self._pods.clear()
@@ -102,6 +134,11 @@ class PendingGpuPods:
         if self._on_new is not None:
             for obj in fresh:
                 self._on_new(obj)
+        with self._lock:
+            for key in left:
+                self._nominated.pop(key, None)
+        for obj in objs:
+            self._check_nomination(obj)
         if self._on_deleted is not None:
             for key in left:
                 self._on_deleted(key)

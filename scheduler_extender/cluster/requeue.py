@@ -155,6 +155,11 @@ class Requeuer:
     def __len__(self) -> int:
         return len(self._pods)
 
+    def rejected(self) -> list[Rejection]:
+        """The pods remembered now (their last answer passed no node), oldest answer first."""
+        with self._lock:
+            return list(self._pods.values())
+
     def observe(self, job: Job, pod: Pod, names: Sequence[str], results: list[NodeResult], passing: int,
                 generation: int, engine_serial: int) -> None:
         """Note one filter answer for ``names``, decided at ``generation`` under the policy of

@@ -247,6 +247,22 @@ class ClusterSource:
         """Hold ``pod`` on ``nodes`` until its binding shows (``ClusterCache.reserve``)."""
         return self.cache.reserve(pod, nodes, job)
 
+    def state_without(self, name: str, uids: frozenset[str]) -> NodeState | None:
+        """``ClusterCache.state_without``."""
+        return self.cache.state_without(name, uids)
+
+    def bound_pods(self, name: str) -> list[Any]:
+        """``ClusterCache.bound_pods``."""
+        return self.cache.bound_pods(name)
+
+    def nomination(self, uid: str | None) -> str | None:
+        """``ClusterCache.nomination``."""
+        return self.cache.nomination(uid)
+
+    def nominate(self, uid: str, node: str | None, pod: Any = None, job: Any = None) -> None:
+        """``ClusterCache.nominate``."""
+        self.cache.nominate(uid, node, pod, job)
+
     def expire_reservations(self, retried_uid: str | None = None) -> None:
         """End the reservations whose time is up, and the last one of the pod asked about again."""
         self.cache.expire_reservations()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Hashable, Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 
 def _quantity_type(value: Any) -> Any:
@@ -38,6 +38,8 @@ class ObjectMeta(_Shape):
     uid: StrictStr | None = None
     annotations: dict[str, StrictStr] | None = None
     labels: dict[str, StrictStr] | None = None
+    deletion_timestamp: StrictStr | None = Field(default=None, alias="deletionTimestamp")
+    """Set when the pod is being deleted (an eviction, a graceful deletion): preemption leaves it be."""
 
 
 class ResourceRequirements(_Shape):
@@ -73,6 +75,9 @@ class PodSpec(_Shape):
     where set for CPU or memory, they replace the containers' sum for that resource."""
     overhead: dict[str, Quantity] | None = None
     """What the pod's RuntimeClass adds to its requests (``spec.overhead``, set at admission)."""
+    priority: StrictInt | None = None
+    """``spec.priority``, set at admission from the pod's PriorityClass (or the global default);
+    read by preemption only (``core.preemption``)."""
 
 
 class PodStatus(_Shape):
@@ -107,6 +112,11 @@ class Pod(_Shape):
     @property
     def annotations(self) -> Mapping[str, str]:
         return self.metadata.annotations or {}
+
+    @property
+    def priority(self) -> int:
+        """``spec.priority``; 0 when unset, as kube-scheduler reads it (``corev1helpers.PodPriority``)."""
+        return self.spec.priority or 0
 
     def container_requests(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(containers, init containers): each one's resources, requests over limits (``merged``)."""

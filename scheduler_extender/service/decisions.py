@@ -29,6 +29,7 @@ from scheduler_extender.core.node import node_name
 from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, as_pod
+from scheduler_extender.core.preemption import Candidate, NodePreemption, choose_victims
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
@@ -38,7 +39,7 @@ from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource
-from scheduler_extender.service.wire import ExtenderArgs, dumps
+from scheduler_extender.service.wire import ExtenderArgs, ExtenderPreemptionArgs, dumps
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,22 @@ class ExtenderService:
         except Exception:  # noqa: BLE001 - the watch thread must go on whatever one pod holds
             log.exception("learning the workload from a pod failed")
 
+    def observe_nomination(self, uid: str, node: str | None, obj: Any) -> None:
+        """Hold pending pod ``uid`` (``obj``, a v1.Pod) on ``node`` (its
+        ``extender.gpuplace.io/nominated-node``; None: none), for the room preemption makes for it
+        (``ClusterCache.nominate``). Never raises (the watch thread calls it)."""
+        nominate = getattr(self.source, "nominate", None)
+        if nominate is None:
+            return
+        try:
+            if node is None:
+                nominate(uid, None)
+                return
+            pod = as_pod(obj)
+            nominate(uid, node, pod, self._job(self.engine, pod))
+        except Exception:  # noqa: BLE001 - the watch thread must go on whatever one pod holds
+            log.exception("holding a nominated pod failed")
+
     def workload_profile(self) -> WorkloadProfile:
         """The learned target workload's current snapshot (immutable; empty until enough pods were seen)."""
         return self.decider.workload_profile()
@@ -205,6 +222,14 @@ class ExtenderService:
             states, groups = self._named_states(names, job.req.resource)
         else:
             states, groups = self.source.states(names, args.Nodes.items), None
+        nomination = getattr(self.source, "nomination", None)
+        node = nomination(args.Pod.uid) if nomination is not None and args.Pod.uid else None
+        if node is not None and node in names:
+            # Preemption holds the pod on that node (cluster.preemption): not against itself.
+            states = list(states)
+            own = self.source.state_without(node, frozenset({args.Pod.uid}))
+            states = [own if n == node and own is not None else st for n, st in zip(names, states)]
+            groups = None
         return job, names, engine.filter_grouped(job, states, self.source.now(), groups=groups)
 
     def _named_states(self, names: list[str], resource: str | None) -> tuple[list[NodeState], NodeGroups | None]:
@@ -618,6 +643,43 @@ class ExtenderService:
             body, job, grouped = self._prioritize_response(args)
             self._reserve_shared(args, job, grouped)
             return body
+
+    def preempt_response(self, args: ExtenderPreemptionArgs) -> bytes:
+        """``POST /preempt`` (kube-scheduler's ``ProcessPreemption``): per node, the victims
+        kube-scheduler's dry run proposed, kept where gpuplace's filter passes the pod without
+        them; where it does not, the fewest lower-priority pods more that it counts too (the
+        sharers of a time-sliced GPU, the holder of an NVLink peer: ``core.preemption``) are
+        added; a node where no eviction makes room is left out. Answers
+        ``ExtenderPreemptionResult`` (``NodeNameToMetaVictims``, the form kube-scheduler reads
+        back whatever it sent). A source that knows no pods (static mode) keeps every proposal."""
+        proposed = args.victim_uids()
+        pdb = {n: v.NumPDBViolations for n, v in (args.NodeNameToMetaVictims or args.NodeNameToVictims or {}).items()}
+        bound_pods = getattr(self.source, "bound_pods", None)
+        kept: dict[str, list[str]] = {}
+        if bound_pods is None:
+            kept = proposed
+        else:
+            engine = self.engine
+            job = self._job(engine, args.Pod)
+            now = self.source.now()
+            priority = args.Pod.priority
+            for node, uids in proposed.items():
+                victims = frozenset(uids)
+                state = self.source.state_without(node, victims)
+                if state is None:
+                    continue  # a node the extender does not know: no room it can vouch for
+                if engine.filter_grouped(job, [state], now).results[0].passed:
+                    kept[node] = list(uids)
+                    continue
+                more = [Candidate(b.uid, b.key, b.priority) for b in bound_pods(node)
+                        if b.uid not in victims and not b.terminating]
+                extra = choose_victims(job, priority, node, more,
+                                       lambda u, node=node, victims=victims: self.source.state_without(node, victims | u),
+                                       engine.policy, now)
+                if isinstance(extra, NodePreemption):
+                    kept[node] = [*uids, *(v.uid for v in extra.victims)]
+        return dumps({"NodeNameToMetaVictims": {
+            n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(n, 0)} for n, uids in kept.items()}})
 
     def _reserve_shared(self, args: ExtenderArgs, job: Job, grouped: GroupedResults) -> None:
         """Two verbs: kube-scheduler's own scores choose among the nodes ``/prioritize`` scores, so

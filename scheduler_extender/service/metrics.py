@@ -56,6 +56,7 @@ class ExtenderMetrics:
         self.quality = PlacementQualityMetrics(r)
         self.policy = PolicyReloadMetrics(self.policy_reloads, r)
         self.requeue = RequeueMetrics(r)
+        self.preemption = PreemptionMetrics(r)
         self.tls_reloads = Counter(
             "gpuplace_extender_tls_certificate_reloads_total",
             "Renewed serving certificates (--tls-cert-file, --tls-key-file) by result: applied, or rejected "
@@ -132,4 +133,19 @@ class RequeueMetrics:
             "gpuplace_extender_requeued_pods_total",
             "Patches that send a rejected pod back to kube-scheduler's queue, by result (requeued; gone: "
             "the pod was deleted or recreated; forbidden: RBAC or the admission policy refused; error).",
+            ["result"], registry=registry)
+
+
+class PreemptionMetrics:
+    """The preemption controller's work (``cluster.preemption``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.preemptions = Counter(
+            "gpuplace_extender_preemptions_total",
+            "Victim searches for pending pods, by outcome (started: a node nominated and its victims' evictions "
+            "asked for; not_helpful: no eviction makes room).", ["outcome"], registry=registry)
+        self.evictions = Counter(
+            "gpuplace_extender_evictions_total",
+            "Evictions asked for through the Eviction API, by result (evicted; gone; refused: a "
+            "PodDisruptionBudget forbids it now; forbidden: RBAC or the admission policy; error).",
             ["result"], registry=registry)

@@ -1,7 +1,7 @@
 """HTTP layer: kube-scheduler's extender verbs on Starlette, around ``ExtenderService``
 (``service.decisions``, the decisions without HTTP).
 
-Endpoints: ``POST /filter``, ``POST /prioritize`` (extender wire format, see ``wire.py``),
+Endpoints: ``POST /filter``, ``POST /prioritize``, ``POST /preempt`` (extender wire format, see ``wire.py``),
 ``GET /healthz`` (process up), ``GET /readyz`` (caches synced), ``GET /metrics`` (Prometheus),
 ``POST /explain`` (body: a v1.Pod; answer: ``explain.explain_decision`` for every known node).
 ``GET /debug/allocations`` (read-only: per node, the GPUs the extender believes free and held, and
@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.service.decisions import ExtenderService, explain_pod
-from scheduler_extender.service.wire import WireError, dumps, parse_extender_args
+from scheduler_extender.service.wire import WireError, dumps, parse_extender_args, parse_preemption_args
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,7 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
     return Starlette(routes=[
         Route("/filter", verb("filter", service.filter_response), methods=["POST"]),
         Route("/prioritize", verb("prioritize", service.prioritize_response), methods=["POST"]),
+        Route("/preempt", verb("preempt", service.preempt_response, parse_preemption_args), methods=["POST"]),
         Route("/explain", verb("explain", lambda pod: explain_pod(service, pod), parse_pod_body), methods=["POST"]),
         *_health_routes(service),
         *([Route("/debug/allocations", debug_allocations, methods=["GET"])] if debug_endpoints else []),

@@ -74,7 +74,40 @@ class HostPriority(BaseModel):
     Score: int = Field(ge=0, le=10)
 
 
-_CANONICAL = {k.lower(): k for k in ("Pod", "Nodes", "NodeNames")}
+class MetaPod(_Shape):
+    UID: str
+
+
+class MetaVictims(_Shape):
+    """A node's victims by uid (``nodeCacheCapable: true``), and how many PodDisruptionBudgets evicting them violates."""
+
+    Pods: list[MetaPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class Victims(_Shape):
+    """A node's victims as whole Pods (``nodeCacheCapable: false``); only their uids are read."""
+
+    Pods: list[DecisionPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(BaseModel):
+    """Body of ``POST /preempt``: the pod and, per node, the victims kube-scheduler's preemption chose."""
+
+    model_config = ConfigDict(extra="ignore")
+    Pod: DecisionPod
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+    def victim_uids(self) -> dict[str, list[str]]:
+        """Node -> the uids of the victims proposed there (whichever form was sent)."""
+        if self.NodeNameToMetaVictims is not None:
+            return {n: [p.UID for p in v.Pods] for n, v in self.NodeNameToMetaVictims.items()}
+        return {n: [p.uid or "" for p in v.Pods] for n, v in (self.NodeNameToVictims or {}).items()}
+
+
+_CANONICAL = {k.lower(): k for k in ("Pod", "Nodes", "NodeNames", "NodeNameToVictims", "NodeNameToMetaVictims")}
 
 
 class WireError(ValueError):
@@ -109,6 +142,28 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     for i, item in enumerate(args.Nodes.items if args.Nodes is not None else ()):
         _check_fields(NodeFields, item, f"Nodes.items.{i}")
     return args
+
+
+def parse_preemption_args(body: bytes) -> ExtenderPreemptionArgs:
+    """Decode and validate an ExtenderPreemptionArgs body (``POST /preempt``).
+
+    Raises:
+        WireError: not JSON, not an object, no ``Pod``, or a field of the wrong type (named).
+    """
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise WireError(f"request body is not JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise WireError("request body must be a JSON object with Pod and NodeNameToMetaVictims "
+                        "(ExtenderPreemptionArgs)")
+    data = {_CANONICAL.get(k.lower(), k): v for k, v in raw.items()}
+    if data.get("Pod") is None:
+        raise WireError("Pod: required (the preempting pod)")
+    try:
+        return ExtenderPreemptionArgs.model_validate(data)
+    except ValidationError as e:
+        raise WireError(_first_error(e)) from e
 
 
 def _first_error(e: ValidationError, prefix: str = "") -> str:

@@ -128,7 +128,7 @@ def assert_client_error_or_ok(r: Any) -> None:
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode())))
 def test_any_body_gets_a_400_or_an_answer_never_a_5xx(client, body):
-    for verb in ("filter", "prioritize"):
+    for verb in ("filter", "prioritize", "preempt"):
         assert_client_error_or_ok(SLOWEST.timed(f"body /{verb}", body, lambda: client.post(f"/{verb}", content=body)))
     still_serving(client)
 

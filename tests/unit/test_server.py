@@ -387,3 +387,22 @@ def test_a_catalog_file_adds_gpu_models_the_extender_then_knows_and_a_bad_one_st
     proc = subprocess.run([sys.executable, "-m", "scheduler_extender.cli", "--inventory-dir", str(inv_dir),
                            "--catalog-file", str(rows)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and f"--catalog-file {rows}" in proc.stderr
+
+
+@pytest.mark.parametrize("body, mentions", [
+    (b"{not json", "not JSON"),
+    (b"{}", "Pod: required"),
+    (json.dumps({"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"uid": 3}]}}}).encode(), "NodeNameToMetaVictims"),
+    (json.dumps({"Pod": {}, "NodeNameToMetaVictims": []}).encode(), "NodeNameToMetaVictims"),
+])
+def test_a_malformed_preempt_body_gets_400_naming_the_field(client, body, mentions):
+    r = client.post("/preempt", content=body)
+    assert r.status_code == 400
+    assert mentions in r.json()["Error"]
+
+
+def test_the_preempt_verb_in_static_mode_keeps_kube_schedulers_proposals(client):
+    # static mode knows no pods or priorities: it changes nothing it cannot see
+    body = {"Pod": pod({}), "NodeNameToMetaVictims": {"gpu-4090-0": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 1}}}
+    assert client.post("/preempt", content=json.dumps(body)).json() == {"NodeNameToMetaVictims": {"gpu-4090-0": {"Pods": [{"UID": "u1"}],
+                                                                               "NumPDBViolations": 1}}}
