@@ -120,6 +120,7 @@ def values_schema() -> dict[str, Any]:
                                       "healthFrom": NETWORK_POLICY_PEERS}),
                 "requeue": obj({"enabled": {"type": "boolean"},
                                 "admissionPolicy": obj({"enabled": {"type": "boolean"}})}),
+                "preemption": obj({"enabled": {"type": "boolean"}}),
                 "tls": obj({
                     "enabled": {"type": "boolean"},
                     "secretName": s("existing kubernetes.io/tls Secret with the serving certificate",

@@ -270,7 +270,8 @@ def test_the_extender_token_may_set_its_requeue_mark_on_a_waiting_pod_and_nothin
     ext = chart["extender"]
     refused = {
         "change a request annotation": ({"metadata": {"annotations": {"gpuplace.io/vram": "80Gi"}}},
-                                        "only the annotation extender.gpuplace.io/requeued-at; this request changes gpuplace.io/vram"),
+                                        "only the annotations extender.gpuplace.io/requeued-at and "
+                                        "extender.gpuplace.io/nominated-node; this request changes gpuplace.io/vram"),
         "add another annotation": ({"metadata": {"annotations": {"x": "1"}}}, "this request changes x"),
         "change a label": ({"metadata": {"labels": {"app": "y"}}}, "spec, labels, finalizers or owners"),
         "change the spec": ({"spec": {"activeDeadlineSeconds": 5}}, "spec, labels, finalizers or owners"),
@@ -283,6 +284,54 @@ def test_the_extender_token_may_set_its_requeue_mark_on_a_waiting_pod_and_nothin
                      "requeue a bound pod")
     assert "only pods waiting for a node" in msg
     assert patch(NS, bound, k8s.CoreV1Api(chart["api"]).read_namespaced_pod(bound, NS).metadata.uid) == "forbidden"
+
+
+def test_the_extender_token_may_preempt_through_evictions_its_mark_and_its_lease_and_nothing_more(chart, waiting_pod):
+    """Preemption (extender.preemption.enabled, on by default), under the extender's own token and its
+    own code path: it lists PodDisruptionBudgets, marks a waiting pod with its nominated node and
+    withdraws the mark, evicts a pod through the Eviction API and records an Event in the pod's
+    namespace; it holds its own Lease, no other; it may not mark a bound pod, delete or exec."""
+    from scheduler_extender.cluster.preemption import KubePreemptionApi
+
+    admin, ext = k8s.CoreV1Api(chart["api"]), chart["extender"]
+    api = KubePreemptionApi(chart["extender_api"])
+    assert isinstance(api.budgets(), list)  # policy/v1 poddisruptionbudgets, every namespace
+    uid = waiting_pod.metadata.uid
+    assert api.nominate("default", "waits", uid, OTHER_NODE) == "nominated"
+    annotations = admin.read_namespaced_pod("waits", "default").metadata.annotations
+    assert annotations["extender.gpuplace.io/nominated-node"] == OTHER_NODE and annotations["gpuplace.io/vram"] == "20Gi"
+    assert api.nominate("default", "waits", uid, None) == "nominated"  # withdrawn
+    assert "extender.gpuplace.io/nominated-node" not in admin.read_namespaced_pod("waits", "default").metadata.annotations
+    # a victim bound to a node (no kubelet runs it): the eviction is admitted, and the pod is being deleted
+    victim = admin.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "victim"},
+        "spec": {"nodeName": OTHER_NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    assert api.evict("default", "victim", victim.metadata.uid) == "evicted"
+    assert admin.read_namespaced_pod("victim", "default").metadata.deletion_timestamp is not None
+    api.event("default", "waits", uid, "Normal", "Preempting", "test")
+    assert any(e.reason == "Preempting" for e in admin.list_namespaced_event(
+        "default", field_selector="involvedObject.name=waits").items), "the Event was not recorded"
+
+    bound = f"gpuplace-agent-{OWN_NODE}"
+    assert api.nominate(NS, bound, admin.read_namespaced_pod(bound, NS).metadata.uid, OTHER_NODE) == "forbidden"
+    msg = _forbidden(lambda: ext.patch_namespaced_pod(bound, NS, {"metadata": {"annotations": {
+        "extender.gpuplace.io/nominated-node": OTHER_NODE}}}), "mark a bound pod")
+    assert "only pods waiting for a node" in msg
+    _forbidden(lambda: ext.delete_namespaced_pod(bound, NS), "delete a pod")  # eviction, never delete
+    _forbidden(lambda: ext.connect_post_namespaced_pod_exec(bound, NS, command=["true"]), "exec into a pod")
+
+    leases = k8s.CoordinationV1Api(chart["extender_api"])
+    lease = leases.create_namespaced_lease(NS, k8s.V1Lease(
+        metadata=k8s.V1ObjectMeta(name="gpuplace-extender-preemption"), spec=k8s.V1LeaseSpec(holder_identity="a")))
+    lease.spec.holder_identity = "b"
+    leases.replace_namespaced_lease("gpuplace-extender-preemption", NS, lease)
+    assert leases.read_namespaced_lease("gpuplace-extender-preemption", NS).spec.holder_identity == "b"
+    for what, call in {
+        "read the scheduler's lease": lambda: leases.read_namespaced_lease("gpuplace-scheduler", NS),
+        "list leases": lambda: leases.list_namespaced_lease(NS),
+        "create a lease elsewhere": lambda: leases.create_namespaced_lease("default", k8s.V1Lease(metadata=k8s.V1ObjectMeta(name="x"))),
+    }.items():
+        _forbidden(call, what)
 
 
 def test_the_extender_token_is_refused_writes_secrets_and_other_configmaps(chart):

@@ -41,6 +41,17 @@ app.kubernetes.io/part-of: gpuplace
 {{- define "gpuplace.scheduler.name" -}}{{ include "gpuplace.fullname" . }}-scheduler{{- end }}
 {{- define "gpuplace.agent.name" -}}{{ include "gpuplace.fullname" . }}-agent{{- end }}
 {{- define "gpuplace.policy.name" -}}{{ include "gpuplace.fullname" . }}-policy{{- end }}
+{{/* The Lease (coordination.k8s.io/v1, release namespace) the extender replicas elect the one that
+     preempts with (--preemption-lease); its Role grants get/update on this name only. */}}
+{{- define "gpuplace.extender.preemptionLease" -}}{{ include "gpuplace.extender.name" . }}-preemption{{- end }}
+
+{{/* Whether the extender preempts (--preemption): extender.preemption.enabled, with
+     extender.requeue.enabled, which it needs (it preempts for the pods the requeue remembers, and
+     gpuplace-extender refuses --preemption with --no-requeue-rejected-pods); without requeue it is
+     ignored, as tls.clientAuth is without TLS. "true" or "". */}}
+{{- define "gpuplace.extender.preempts" -}}
+{{- if and .Values.extender.requeue.enabled .Values.extender.preemption.enabled }}true{{ end }}
+{{- end }}
 
 {{/* ServiceAccount names: `<component>.serviceAccount.name`, default the component's resource name,
      whether the chart creates the account or not (RBAC bindings and admission policies name it). */}}
@@ -174,6 +185,11 @@ extenders:
   {{- if not .Values.extender.filterReturnsBest }}
   prioritizeVerb: prioritize
   weight: {{ .Values.scheduler.extender.weight }}
+  {{- end }}
+  {{- if .Values.extender.preemption.enabled }}
+  {{- /* kube-scheduler's own preemption, where its count finds victims: the extender keeps the
+  victim sets that make room by its filter and adds the pods the count missed (POST /preempt). */}}
+  preemptVerb: preempt
   {{- end }}
   nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
   enableHTTPS: {{ .Values.extender.tls.enabled }}
