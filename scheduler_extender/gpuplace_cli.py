@@ -90,13 +90,17 @@ def render_decision(decision: Decision, policy: Policy | None = None) -> str:
     return "\n".join(lines)
 
 
-def _live_source(kubeconfig: str, engine: Engine) -> Any:
-    """Nodes and pods listed once from the cluster of ``kubeconfig``, in the extender's cache."""
+def _live_cluster(kubeconfig: str, engine: Engine) -> tuple[Any, list[Any], list[Any]]:
+    """Nodes, pods, namespaces and PodDisruptionBudgets listed once from the cluster of
+    ``kubeconfig``: (a ``ClusterSource`` over the extender's cache of them, the pods, the budgets)."""
     from kubernetes import client, config
-    from scheduler_extender.service.explain import cluster_states_from_api
+
+    from scheduler_extender.cluster.defrag import ClusterReader
+    from scheduler_extender.cluster.sources import ClusterSource
     config.load_kube_config(config_file=kubeconfig)
     with client.ApiClient() as api:
-        return cluster_states_from_api(api, engine.catalog, engine.vram_need_bytes)
+        cache, pods, budgets = ClusterReader(api, engine).read()
+    return ClusterSource(cache, engine.catalog), pods, budgets
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -117,9 +121,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
+    live = None
     try:
         if args.kubeconfig:
-            source = _live_source(args.kubeconfig, engine)
+            live = _live_cluster(args.kubeconfig, engine)
+            source = live[0]
         else:
             source = StaticSource(args.inventory_dir, engine.catalog, labels)
     except Exception as e:  # noqa: BLE001 - config, connection and API errors all end here
@@ -128,11 +134,70 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 2
     names = source.node_names()
     decision = engine.decide(pod, source.states(names, None), source.now(), source.namespace_labels(pod.namespace))
+    room = None
+    if live is not None and decision.best() is None and pod.spec.node_name is None and not decision.job.errors:
+        # A waiting pod in a live cluster: what preemption and gpuplace defrag would free for it.
+        from scheduler_extender.cluster.defrag import what_would_free
+        _, pods, budgets = live
+        same = next((p for p in pods if (p.get("metadata") or {}).get("namespace", "default") == pod.namespace
+                     and (p.get("metadata") or {}).get("name") == pod.name), None)
+        room = what_would_free(engine, source.cache, pods, budgets, as_pod(same) if same is not None else pod)
     if args.json:
-        print(json.dumps(explain_decision(decision, policy), indent=2))
+        print(json.dumps({**explain_decision(decision, policy), **({"room": room} if room is not None else {})},
+                         indent=2))
     else:
         print(render_decision(decision, policy))
+        if room is not None:
+            from scheduler_extender.cluster.defrag import render_freeing
+            print("\n".join(render_freeing(room)))
     return 0
+
+
+def cmd_defrag(args: argparse.Namespace) -> int:
+    from scheduler_extender.cluster.defrag import (ClusterReader, StepLog, execute, make_plans, plans_json,
+                                                   render_plans, static_cluster)
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as e:
+        print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+        return 2
+    if args.max_moves < 1:
+        print(f"gpuplace: --max-moves {args.max_moves}: must be at least 1", file=sys.stderr)
+        return 2
+    if args.execute and not args.kubeconfig:
+        print("gpuplace: --execute carries a plan out in a live cluster: it needs --kubeconfig", file=sys.stderr)
+        return 2
+    if args.inventory_dir and not args.pods:
+        print("gpuplace: --inventory-dir needs --pods FILE (the Pods, bound and pending, and "
+              "PodDisruptionBudgets)", file=sys.stderr)
+        return 2
+    engine = Engine(policy)
+    api_client = None
+    try:
+        if args.kubeconfig:
+            from kubernetes import client, config
+            config.load_kube_config(config_file=args.kubeconfig)
+            api_client = client.ApiClient()
+            reader = ClusterReader(api_client, engine).read
+            cache, pods, budgets = reader()
+        else:
+            cache, pods, budgets = static_cluster(args.inventory_dir, args.pods, engine)
+    except Exception as e:  # noqa: BLE001 - config, connection, API and file errors all end here
+        where = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else f"--inventory-dir {args.inventory_dir}"
+        print(f"gpuplace: cannot read the cluster from {where}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    result = make_plans(engine, cache, pods, budgets, args.max_moves)
+    if not args.execute:
+        print(json.dumps(plans_json(result), indent=2) if args.json else render_plans(result))
+        return 0
+    from scheduler_extender.cluster.preemption import KubePreemptionApi
+    api = KubePreemptionApi(api_client)
+    log = StepLog()
+    bound = [execute(engine, reader, api, uid, plan, lambda line: (log(line), None if args.json else print(line, flush=True)),
+                     args.timeout_seconds) for uid, plan in result.plans]
+    if args.json:
+        print(json.dumps({**plans_json(result), "executed": log.lines, "bound": sum(bound)}, indent=2))
+    return 0 if all(bound) else 1
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -205,6 +270,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "or `kubectl get namespaces -o yaml`); without it such tenants deny (labels unknown)")
     e.add_argument("--json", action="store_true", help="print the explanation as JSON (the POST /explain answer)")
     e.set_defaults(fn=cmd_explain)
+    d = sub.add_parser(
+        "defrag", help="room for waiting GPU pods by moving movable pods: the fewest moves, as a plan (dry run) "
+                       "or carried out (--execute)",
+        description="Plan the fewest moves of movable pods that make room for each waiting GPU pod (a move evicts a "
+                    "pod and its controller's replacement goes to another node where it fits). A pod is movable "
+                    "when it carries the label gpuplace.io/movable=true, a controller owns it (a ReplicaSet, a "
+                    "StatefulSet, ...) and no PodDisruptionBudget forbids its eviction now. Waiting pods are planned "
+                    "highest priority first. Prints each plan: pod, from, to, what it frees, for whom. Nothing is "
+                    "changed without --execute.")
+    where = d.add_mutually_exclusive_group(required=True)
+    where.add_argument("--kubeconfig", metavar="FILE", help="a live cluster: its Nodes, Pods, Namespaces and "
+                                                            "PodDisruptionBudgets")
+    where.add_argument("--inventory-dir", metavar="DIR", help="one NodeGPUInventory file per node (with --pods)")
+    d.add_argument("--pods", metavar="FILE", help="with --inventory-dir: the Pods (bound: spec.nodeName; waiting: "
+                                                  "none) and PodDisruptionBudgets, e.g. kubectl get pods,pdb -A -o yaml")
+    d.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
+    d.add_argument("--max-moves", type=int, default=8, metavar="N", help="the most moves one plan may have (default: 8)")
+    d.add_argument("--json", action="store_true", help="print the plans (and with --execute the steps) as JSON")
+    d.add_argument("--execute", action="store_true",
+                   help="carry the plans out, one move at a time: hold the waiting pod on its node (annotation "
+                        "extender.gpuplace.io/nominated-node), evict through the Eviction API (never a plain "
+                        "delete), re-plan on the cluster as it is before each move, wait for the evicted pod to go; "
+                        "exit 1 unless every planned pod was bound")
+    d.add_argument("--timeout-seconds", type=float, default=300.0, metavar="S",
+                   help="with --execute: how long to wait for one waiting pod to be bound (default: 300)")
+    d.set_defaults(fn=cmd_defrag)
     pol = sub.add_parser("policy", help="validate a policy file or print its JSON Schema")
     psub = pol.add_subparsers(dest="policy_command", required=True)
     c = psub.add_parser("check", help="validate FILE; errors name the field path")

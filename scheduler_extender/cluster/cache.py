@@ -387,11 +387,7 @@ class ClusterCache:
         req = job.req
         if not req.wants_gpu and not job.cpu_milli and not job.memory_bytes:
             return False
-        # The resource is one the filter accepted (a MIG name of its form): no made-up name is held.
-        devices = {req.resource: req.gpu_count} if req.wants_gpu and req.resource else {}
-        entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), devices,
-                          job.vram.bytes_per_gpu if job.vram is not None else None,
-                          job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
+        entry = _reserved_entry(f"{pod.namespace}/{pod.name}", job)
         with self._lock:
             if uid in self._pods or uid in self._host_pods:
                 return False  # the watch shows it bound already: it counts as such
@@ -485,8 +481,11 @@ class ClusterCache:
                 held[uid] = self._nominations[uid][1]
         return held
 
-    def _allocation(self, node: _Node, without: frozenset[str] = frozenset()) -> NodeAllocation:
+    def _allocation(self, node: _Node, without: frozenset[str] = frozenset(),
+                    added: Mapping[str, _Reserved] | None = None) -> NodeAllocation:
         pods = [self._pods[uid] for uid in self._pods_by_node.get(node.name, ()) if uid not in without]
+        pods += [_Pod(f"reserved:{uid}", node.name, r.requests, None, r.vram_bytes, True, r.gpu_fraction_milli)
+                 for uid, r in (added or {}).items() if r.requests]
         # Reserved pods count as bound here; on a shared node the agent has placed none of them
         # on a GPU, so each counts on every GPU (_shared_allocation's unplaced).
         # Keyed by uid, apart from pod names: a pod recreated under a bound pod's name (a
@@ -508,9 +507,11 @@ class ClusterCache:
         anonymous = _sum_requests(p.requests for p in pods if p.key not in named)
         return NodeAllocation(held=held, anonymous=anonymous)
 
-    def _host_free(self, node: _Node, without: frozenset[str] = frozenset()) -> tuple[int | None, int | None]:
+    def _host_free(self, node: _Node, without: frozenset[str] = frozenset(),
+                   added: Mapping[str, _Reserved] | None = None) -> tuple[int | None, int | None]:
         """Allocatable CPU/memory minus the bound pods' requests; None where either is unknown."""
         pods = [self._host_pods[uid] for uid in self._host_by_node.get(node.name, ()) if uid not in without]
+        pods += [(node.name, r.cpu_milli, r.memory_bytes) for r in (added or {}).values()]
         pods += [(node.name, r.cpu_milli, r.memory_bytes) for uid, r in self._held_for(node.name).items()
                  if uid not in without]
         out: list[int | None] = []
@@ -551,6 +552,22 @@ class ClusterCache:
                              inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
                              cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
 
+    def state_with(self, name: str, without: frozenset[str], added: Iterable[tuple[str, Job]]) -> NodeState | None:
+        """The node's state with the pods of ``without`` (uids) gone and ``added`` ((uid, job):
+        a replacement, a pending pod given room) held there as reservations are
+        (``core.defrag``'s ``Snapshot``); None if the node is unknown. Not kept."""
+        extra = {uid: _reserved_entry(uid, job) for uid, job in added}
+        if not extra:
+            return self.state_without(name, without)
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            cpu, mem = self._host_free(node, without, extra)
+            return NodeState(name=name, view=node.view, allocation=self._allocation(node, without, extra),
+                             inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
+                             cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
+
     def bound_pods(self, name: str) -> list[BoundPod]:
         """The pods bound to node ``name`` that hold devices there (``_Pod``), by uid order."""
         with self._lock:
@@ -572,11 +589,7 @@ class ClusterCache:
                 self._invalidate(old[0])
             if node is None or pod is None or job is None or job.errors or len(uid) > MAX_UID_CHARS:
                 return
-            req = job.req
-            devices = {req.resource: req.gpu_count} if req.wants_gpu and req.resource else {}
-            entry = _Reserved(cut(f"{pod.namespace}/{pod.name}", MAX_UID_CHARS), devices,
-                              job.vram.bytes_per_gpu if job.vram is not None else None,
-                              job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
+            entry = _reserved_entry(f"{pod.namespace}/{pod.name}", job)
             if len(self._nominations) >= MAX_NOMINATIONS:
                 return
             self._nominations[uid] = (node, entry)
@@ -628,6 +641,17 @@ class ClusterCache:
                 out[name] = {"inventory": inventory, "resources": resource_usage(view, alloc),
                              "pods": pods, "heldUnits": dict(alloc.held), "reserved": reserved}
             return {"synced": self.synced, "nodes": out}
+
+
+def _reserved_entry(key: str, job: Job) -> _Reserved:
+    """What a pod held on a node without being bound there takes (a reservation, a nomination, a
+    planned replacement), read from its ``job``: its devices (the resource is one the filter
+    accepted, a MIG name of its form: no made-up name is held), VRAM need per GPU or
+    gpu-fraction, CPU and memory."""
+    req = job.req
+    devices = {req.resource: req.gpu_count} if req.wants_gpu and req.resource else {}
+    return _Reserved(cut(key, MAX_UID_CHARS), devices, job.vram.bytes_per_gpu if job.vram is not None else None,
+                     job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
 
 
 MAX_NOMINATIONS = 20_000

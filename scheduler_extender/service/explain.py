@@ -1,5 +1,6 @@
 """``explain``: why a pod goes where it goes, as data (``explain_decision``) for ``POST /explain``
-and ``gpuplace explain --json``, and how ``gpuplace explain --kubeconfig`` reads a live cluster.
+and ``gpuplace explain --json`` (``gpuplace explain --kubeconfig`` reads a live cluster with
+``cluster.defrag.ClusterReader``, and adds what preemption and defragmentation would free).
 
 The answer holds, for every node, pass/fail, whether a failure is resolvable (GPUs busy) or not,
 every reason, the units the pod would get, each score component with its policy weight, and the
@@ -9,14 +10,12 @@ final score (0-10 = 10 x the weighted mean of the components that apply, rounded
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from scheduler_extender.cluster.cache import ClusterCache
-from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.engine import Decision
 from scheduler_extender.core.node import node_name
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.cluster.sources import ClusterSource
+
 
 def component_weights(policy: Policy) -> dict[str, float]:
     """Score component -> its weight in the policy (``scoring``), by the component's name (the
@@ -64,29 +63,6 @@ def explain_decision(decision: Decision, policy: Policy) -> dict[str, Any]:
         "bestNode": best.node if best else None,
         "topNodes": decision.top(),
     }
-
-
-def cluster_states_from_api(api_client: Any, catalog: Catalog,
-                            pod_vram: Callable[[Any, int], int | None] | None = None) -> ClusterSource:
-    """List Nodes, Pods and Namespaces once through the official client and build states with ``ClusterCache``
-    (the cache the extender's watch feeds), so explain sees what the extender sees; ``pod_vram``
-    as for ``ClusterCache`` (``Engine.vram_need_bytes``: pods sharing a GPU counted by their need).
-
-    Raises:
-        kubernetes.client.ApiException: the API server refused a list.
-    """
-    import orjson
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-    cache = ClusterCache(catalog, pod_vram)
-    nodes = orjson.loads(core.list_node(_preload_content=False).data)
-    pods = orjson.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)
-    namespaces = orjson.loads(core.list_namespace(_preload_content=False).data)
-    cache.replace_nodes(nodes.get("items") or [])
-    cache.replace_pods(pods.get("items") or [])
-    cache.replace_namespaces(namespaces.get("items") or [])  # labels select policy tenants
-    return ClusterSource(cache, catalog)
 
 
 def node_names(objs: Sequence[Mapping[str, Any]]) -> list[str]:
