@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from scheduler_extender.cluster.pending import NOMINATED_ANNOTATION
 from scheduler_extender.core.pod import Pod
-from scheduler_extender.core.preemption import (Candidate, NodePreemption, NoPreemption, best_preemption,
+from scheduler_extender.core.preemption import (NO_LOWER, Candidate, NodePreemption, NoPreemption, best_preemption,
                                                 choose_victims, resolvable_only)
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,12 @@ RECHECK_SECONDS = 10.0
 
 REQUEUE_SECONDS = 3.0
 """A nominated pod whose node has room is sent back to kube-scheduler's queue at most this often."""
+
+ANY_NODE = "*"
+"""The node of a ``NoPreemption`` that stands for every node (none fails for a resolvable reason)."""
+
+MAX_PODS_PER_CHECK = 16
+"""Pods one pass searches victims for (highest priority first; the rest at the next pass)."""
 
 MAX_NODES_SEARCHED = 64
 """Nodes one pod's victim search examines per check (each a bounded search, ``MAX_FILTER_CHECKS``)."""
@@ -169,7 +175,7 @@ class Preemptor:
         failing = [n for n, g in zip(names, grouped.group_of) if resolvable_only(grouped.results[g])]
         if not failing:
             reasons = {grouped.results[g].reason for g in grouped.group_of if not grouped.results[g].passed}
-            return None, [NoPreemption("*", "no node refuses it for a reason evictions can fix: "
+            return None, [NoPreemption(ANY_NODE, "no node refuses it for a reason evictions can fix: "
                                             + "; ".join(sorted(reasons))[:300])]
         choices: list[NodePreemption | NoPreemption] = []
         for node in failing[:MAX_NODES_SEARCHED]:
@@ -203,7 +209,10 @@ class Preemptor:
                 self._attempts.pop(uid)
         started: list[NodePreemption] = []
         budgets: list[Mapping[str, Any]] | None = None
+        searched = 0
         for r in pods:
+            if r.pod.spec.preemption_policy == "Never":
+                continue  # its PriorityClass says it waits rather than have others evicted
             a = self._attempts.get(r.uid)
             if a is not None and a.node is not None:
                 if now - a.at < NOMINATION_SECONDS:
@@ -219,6 +228,9 @@ class Preemptor:
                 a.node = None
             elif a is not None and now - a.at < RECHECK_SECONDS:
                 continue
+            if searched >= MAX_PODS_PER_CHECK:
+                break  # the rest at the next pass: the leader also answers kube-scheduler
+            searched += 1
             if budgets is None:
                 budgets = self._api.budgets()
             try:
@@ -230,6 +242,11 @@ class Preemptor:
             a = self._attempts.setdefault(r.uid, _Attempt(now))
             a.at = now
             if best is None:
+                self._count("not_helpful")
+                if all(c.reason.startswith(NO_LOWER) or c.node == ANY_NODE for c in refusals):
+                    # Nothing of lower priority, or only refusals no eviction fixes (the filter's own
+                    # reasons say those): preemption was never a way, and an Event would be noise.
+                    continue
                 message = "no eviction makes room: " + "; ".join(f"{c.node}: {c.reason}" for c in refusals[:8])
                 if len(refusals) > 8:
                     message += f"; ... {len(refusals) - 8} more nodes"
@@ -237,7 +254,6 @@ class Preemptor:
                     a.reason = message
                     log.info("pod %s/%s: %s", r.namespace, r.name, message)
                     self._api.event(r.namespace, r.name, r.uid, "Warning", "PreemptionNotHelpful", message)
-                self._count("not_helpful")
                 continue
             if self._api.nominate(r.namespace, r.name, r.uid, best.node) != "nominated":
                 continue  # gone, or the patch was refused: nothing evicted

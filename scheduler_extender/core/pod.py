@@ -76,6 +76,8 @@ class PodSpec(_Shape):
     overhead: dict[str, Quantity] | None = None
     """What the pod's RuntimeClass adds to its requests (``spec.overhead``, set at admission)."""
     priority: StrictInt | None = None
+    preemption_policy: StrictStr | None = Field(default=None, alias="preemptionPolicy")
+    """``Never``: the pod waits rather than have others evicted (its PriorityClass's ``preemptionPolicy``)."""
     """``spec.priority``, set at admission from the pod's PriorityClass (or the global default);
     read by preemption only (``core.preemption``)."""
 

@@ -46,6 +46,10 @@ GPU pods in practice (8 whole-GPU pods, or replicas x GPUs on a time-sliced node
 replicas), and the sizes that need searching are small."""
 
 
+NO_LOWER = "no pod of lower priority"
+"""How a ``NoPreemption`` reason for a node without candidates starts."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A pod that may be evicted: ``uid``, ``key`` ("namespace/name"), ``priority`` (``spec.priority``)."""
@@ -113,7 +117,7 @@ def choose_victims(job: Job, priority: int, node: str, candidates: Iterable[Cand
     if filter_node(job, state_without(frozenset()), policy, now).passed:
         return NoPreemption(node, "the pod fits here without evicting anything")
     if not lower:
-        return NoPreemption(node, f"no pod of lower priority than {priority} holds devices here that may be evicted")
+        return NoPreemption(node, f"{NO_LOWER} than {priority} holds devices here that may be evicted")
     everyone = filter_node(job, state_without(frozenset(c.uid for c in lower)), policy, now)
     if not everyone.passed:
         return NoPreemption(node, f"evicting every lower-priority pod here ({len(lower)}) would not make room: "

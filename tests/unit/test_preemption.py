@@ -411,3 +411,20 @@ def test_the_preempt_verb_drops_a_node_where_no_eviction_makes_room():
                 [bound(pod(name="a"), "nv", 1), bound(pod(name="boss"), "nv", 500), bound(pod(name="c"), "nv", 2),
                  bound(pod(name="boss2"), "nv", 500)])
     assert _preempt(c, _high(), {"nv": ["a", "c"]}) == {}
+
+
+def test_a_pod_whose_priority_class_says_never_preempt_evicts_nothing():
+    c = cluster([nvlink_node({0: "low-a", 3: "low-b"})],
+                [bound(pod(name="low-a"), "nv", 10), bound(pod(name="low-b"), "nv", 5)])
+    high = _high()
+    high["spec"]["preemptionPolicy"] = "Never"
+    api = FakeApi()
+    assert Preemptor(FakeService(c), lambda: [Rejected(high)], api).check() == [] and api.calls == []
+
+
+def test_without_lower_priority_pods_anywhere_a_refused_pod_gets_no_preemption_event():
+    # a cluster without PriorityClasses: every pod at 0, none of them a victim for another
+    c = cluster([nvlink_node({0: "a", 3: "b"})], [bound(pod(name="a"), "nv", 0), bound(pod(name="b"), "nv", 0)])
+    api = FakeApi()
+    assert Preemptor(FakeService(c), lambda: [Rejected(_high(priority=0))], api).check() == []
+    assert api.calls == []
