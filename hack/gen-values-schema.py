@@ -121,6 +121,8 @@ def values_schema() -> dict[str, Any]:
                 "requeue": obj({"enabled": {"type": "boolean"},
                                 "admissionPolicy": obj({"enabled": {"type": "boolean"}})}),
                 "preemption": obj({"enabled": {"type": "boolean"}}),
+                "defrag": obj({"enabled": {"type": "boolean"},
+                               "intervalSeconds": {"type": "number", "minimum": 10, "maximum": 86400}}),
                 "tls": obj({
                     "enabled": {"type": "boolean"},
                     "secretName": s("existing kubernetes.io/tls Secret with the serving certificate",

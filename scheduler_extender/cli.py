@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "honours PodDisruptionBudgets; one replica acts, elected on --preemption-lease. Needs "
                         "--requeue-rejected-pods, create on pods/eviction, list on poddisruptionbudgets and the "
                         "Lease (the chart grants them) (default: off; the chart turns it on)")
+    p.add_argument("--defrag-interval-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="cluster mode, with --preemption: every SECONDS, on the replica holding --preemption-lease, "
+                        "plan the fewest moves of movable pods (label gpuplace.io/movable=true, owned by a "
+                        "controller, no PodDisruptionBudget forbidding) that make room for a waiting GPU pod and "
+                        "carry the first plan out as gpuplace defrag --execute does, at most one eviction per "
+                        "SECONDS; lists every Node, Pod and PodDisruptionBudget at each pass (default: 0, off)")
     p.add_argument("--preemption-lease", default=None, metavar="NAMESPACE/NAME",
                    help="the coordination.k8s.io Lease the replicas elect the preempting one on (default: "
                         "$POD_NAMESPACE/gpuplace-extender-preemption, namespace default without POD_NAMESPACE)")
@@ -307,6 +313,9 @@ def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--tls-reload-seconds {args.tls_reload_seconds:g}: must be 0 (off) or more")
     if args.preemption and args.inventory_dir:
         raise UsageError("--preemption is for cluster mode: static mode (--inventory-dir) sees no pods to evict")
+    if args.defrag_interval_seconds and not (args.preemption and 10 <= args.defrag_interval_seconds <= 86400):
+        raise UsageError(f"--defrag-interval-seconds {args.defrag_interval_seconds:g}: 0 (off), or from 10 to 86400 "
+                         "with --preemption (its Lease elects the replica that moves pods)")
     if args.preemption and not args.requeue_rejected_pods:
         raise UsageError("--preemption needs --requeue-rejected-pods: it preempts for the pods the requeue remembers")
     if args.preemption_lease is not None:
@@ -437,8 +446,14 @@ def _preemption(args: argparse.Namespace, service: ExtenderService, metrics: Ext
     lease = args.preemption_lease or f"{os.environ.get('POD_NAMESPACE') or 'default'}/gpuplace-extender-preemption"
     gate = LeaderGate(*parse_lease(lease))
     gate.start()
-    preemptor = Preemptor(service, requeue.rejected, KubePreemptionApi(client.ApiClient()), metrics.preemption,
-                          requeue=pod_patcher(client.ApiClient()))
+    api = KubePreemptionApi(client.ApiClient())
+    preemptor = Preemptor(service, requeue.rejected, api, metrics.preemption, requeue=pod_patcher(client.ApiClient()))
+    if args.defrag_interval_seconds:
+        from scheduler_extender.cluster.defrag import ClusterReader, Defragmenter
+        defrag = Defragmenter(lambda: service.engine, lambda engine: ClusterReader(client.ApiClient(), engine).read(),
+                              api, metrics.preemption, args.defrag_interval_seconds,
+                              lambda line: logging.getLogger("gpuplace.defrag").info("%s", line))
+        threading.Thread(target=defrag.run, args=(gate.leading,), name="defrag", daemon=True).start()
     return lambda: preemptor.run(gate.leading)
 
 

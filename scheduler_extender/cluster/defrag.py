@@ -216,8 +216,9 @@ class StepLog:
 def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mapping[str, Any]], list[Mapping[str, Any]]]],
             api: PreemptionApi, pending_uid: str, plan: DefragPlan, log: Callable[[str], None],
             timeout_seconds: float = 300.0, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Carry ``plan`` out (module docstring); True when the pending pod is bound at the end."""
+            sleep: Callable[[float], None] = time.sleep, seconds_between_moves: float = 0.0) -> bool:
+    """Carry ``plan`` out (module docstring); True when the pending pod is bound at the end.
+    ``seconds_between_moves``: the least time from one eviction to the next (a rate limit)."""
     ns, name = plan.pending.split("/", 1)
     deadline = clock() + timeout_seconds
     node = plan.node
@@ -226,6 +227,7 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
         return False
     refused: set[str] = set()
     evicted: set[str] = set()
+    last_move = -float("inf")
     moves_left = len(plan.moves) + 2  # a re-plan may need a move more; never more than this
     while clock() < deadline:
         cache, pods, budgets = reader()
@@ -237,8 +239,8 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
         if (current.get("spec") or {}).get("nodeName"):
             log(f"{plan.pending}: bound to {current['spec']['nodeName']}")
             return True
-        if any(u in uids for u in evicted):
-            sleep(poll_seconds)  # a moved pod still holds its devices: wait for it to go
+        if any(u in uids for u in evicted) or clock() - last_move < seconds_between_moves:
+            sleep(poll_seconds)  # a moved pod still holds its devices: wait for it to go (or the rate limit)
             continue
         visible = [p for p in pods if (p.get("metadata") or {}).get("uid") not in refused]
         again = make_plans(engine, cache, visible, budgets)
@@ -256,6 +258,7 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
         move = fresh.moves[0]
         mns, mname = move.pod.key.split("/", 1)
         result = api.evict(mns, mname, move.pod.uid)
+        last_move = clock()
         moves_left -= 1
         log(f"{plan.pending}: evict {move.pod.key} from {move.pod.node} (its replacement fits on "
             f"{move.destination}): {result}")
@@ -378,3 +381,64 @@ def render_freeing(room: Mapping[str, Any]) -> list[str]:
     else:
         lines.append(f"defragmentation (gpuplace defrag): {de['reason']}")
     return lines
+
+
+class Defragmenter:
+    """``--defrag-interval-seconds``: ``gpuplace defrag --execute`` inside the extender, on the
+    replica that holds the Lease, one plan at a time: every interval the cluster is listed and
+    planned; the first plan is carried out (``execute``), at most one eviction per interval.
+    Metrics: moves planned, plans by outcome; evictions are counted with the preemption
+    controller's (``gpuplace_extender_evictions_total``)."""
+
+    def __init__(self, engine: Callable[[], Engine], reader: Callable[[Engine], Any], api: PreemptionApi,
+                 metrics: Any, interval_seconds: float, log: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        """``engine()``: the engine in force (a policy reload swaps it); ``reader(engine)``: the
+        cluster as ``ClusterReader.read`` lists it."""
+        self._engine, self._reader, self._api, self._metrics = engine, reader, api, metrics
+        self.interval_seconds, self._log, self._clock, self._sleep = interval_seconds, log, clock, sleep
+
+    def once(self) -> bool | None:
+        """One pass: plan, and carry the first plan out; None when there was nothing to do."""
+        engine = self._engine()
+        cache, pods, budgets = self._reader(engine)
+        result = make_plans(engine, cache, pods, budgets)
+        if self._metrics is not None:
+            self._metrics.defrag_moves_planned.inc(sum(len(p.moves) for _, p in result.plans))
+        if not result.plans:
+            return None
+        uid, plan = result.plans[0]
+        bound = execute(engine, lambda: self._reader(engine), _CountingApi(self._api, self._metrics), uid, plan,
+                        self._log, timeout_seconds=max(300.0, 4 * self.interval_seconds * (len(plan.moves) + 1)),
+                        poll_seconds=min(5.0, self.interval_seconds), seconds_between_moves=self.interval_seconds,
+                        clock=self._clock, sleep=self._sleep)
+        if self._metrics is not None:
+            self._metrics.defrag_plans.labels("bound" if bound else "not_bound").inc()
+        return bound
+
+    def run(self, leading: Callable[[], bool]) -> None:
+        """Forever (a thread of its own): every interval, while ``leading()``, ``once``."""
+        while True:
+            self._sleep(self.interval_seconds)
+            if not leading():
+                continue
+            try:
+                self.once()
+            except Exception as e:  # noqa: BLE001 - keep going; the next pass lists everything again
+                self._log(f"defragmentation pass failed: {type(e).__name__}: {e}")
+
+
+class _CountingApi:
+    """``PreemptionApi`` that counts each eviction's result (``gpuplace_extender_evictions_total``)."""
+
+    def __init__(self, api: PreemptionApi, metrics: Any) -> None:
+        self._api, self._metrics = api, metrics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        result = self._api.evict(namespace, name, uid)
+        if self._metrics is not None:
+            self._metrics.evictions.labels(result).inc()
+        return result

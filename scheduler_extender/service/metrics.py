@@ -147,5 +147,14 @@ class PreemptionMetrics:
         self.evictions = Counter(
             "gpuplace_extender_evictions_total",
             "Evictions asked for through the Eviction API, by result (evicted; gone; refused: a "
-            "PodDisruptionBudget forbids it now; forbidden: RBAC or the admission policy; error).",
+            "PodDisruptionBudget forbids it now; forbidden: RBAC or the admission policy; error), by the "
+            "preemption controller and by defragmentation (--defrag-interval-seconds).",
             ["result"], registry=registry)
+        self.defrag_moves_planned = Counter(
+            "gpuplace_extender_defrag_moves_planned_total",
+            "Moves in the defragmentation plans made (--defrag-interval-seconds; each pass plans anew).",
+            registry=registry)
+        self.defrag_plans = Counter(
+            "gpuplace_extender_defrag_plans_total",
+            "Defragmentation plans carried out, by outcome (bound: the waiting pod was bound; not_bound).",
+            ["outcome"], registry=registry)

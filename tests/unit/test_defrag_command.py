@@ -91,3 +91,71 @@ def test_explain_of_a_waiting_pod_says_what_preemption_and_defragmentation_would
     assert room["defragmentation"]["node"] == "gpu-h100-c" and len(room["defragmentation"]["moves"]) == 2
     plans = make_plans(engine, cache, pods, budgets)
     assert [p.node for _, p in plans.plans] == ["gpu-h100-c"]
+
+
+class FakeCluster:
+    """The example's pods as a live cluster would change them: an eviction deletes the pod and its
+    ReplicaSet's replacement is bound where the plan said; kube-scheduler binds the waiting pod on
+    its held node once the moved pods are gone (at the next wait). Time passes only in ``sleep``."""
+
+    def __init__(self):
+        import yaml
+        self.docs = [d for d in yaml.safe_load_all((EXAMPLE / "pods.yaml").read_text()) if d]
+        self.now = 0.0
+        self.calls: list[tuple] = []
+        self.nominated: dict[str, str | None] = {}
+        self.evictions_at: list[float] = []
+
+    def read(self, engine):
+        import copy
+        from scheduler_extender.cluster.cache import ClusterCache
+        cache, _, budgets = static_cluster(str(EXAMPLE / "cluster"), str(EXAMPLE / "pods.yaml"), engine)
+        pods = copy.deepcopy(self.docs)
+        cache.replace_pods(pods)
+        return cache, pods, budgets
+
+    def sleep(self, seconds):
+        self.now += seconds
+        waiting = next(d for d in self.docs if d["metadata"]["name"] == "serve-70b")
+        node = self.nominated.get(waiting["metadata"]["uid"])
+        holders = [d for d in self.docs if d["spec"].get("nodeName") == node and d is not waiting]
+        if node and not any(d["metadata"]["name"].startswith("notebook") and "-r" not in d["metadata"]["name"]
+                            for d in holders):
+            waiting["spec"]["nodeName"] = node
+
+    def budgets(self):
+        return []
+
+    def nominate(self, namespace, name, uid, node):
+        self.nominated[uid] = node
+        return "nominated"
+
+    def evict(self, namespace, name, uid):
+        self.evictions_at.append(self.now)
+        gone = next(d for d in self.docs if d["metadata"]["uid"] == uid)
+        self.docs.remove(gone)
+        replacement = json.loads(json.dumps(gone))
+        replacement["metadata"].update(name=f"{name}-r", uid=f"{uid[:30]}-r")
+        replacement["spec"]["nodeName"] = "gpu-h100-a"  # as the plan said; the static inventory does not pin GPUs
+        self.docs.append(replacement)
+        return "evicted"
+
+    def event(self, *args):
+        pass
+
+
+def test_in_the_extender_a_pass_carries_the_first_plan_out_one_eviction_per_interval_and_counts_it():
+    from prometheus_client import CollectorRegistry
+
+    from scheduler_extender.cluster.defrag import Defragmenter
+    from scheduler_extender.service.metrics import PreemptionMetrics
+    fake = FakeCluster()
+    metrics = PreemptionMetrics(CollectorRegistry())
+    engine = Engine()
+    d = Defragmenter(lambda: engine, fake.read, fake, metrics, 30.0, lambda line: None,
+                     clock=lambda: fake.now, sleep=fake.sleep)
+    assert d.once() is True
+    assert len(fake.evictions_at) == 2 and fake.evictions_at[1] - fake.evictions_at[0] >= 30.0  # the rate limit
+    assert metrics.defrag_moves_planned._value.get() == 2
+    assert metrics.defrag_plans.labels("bound")._value.get() == 1
+    assert metrics.evictions.labels("evicted")._value.get() == 2
