@@ -194,7 +194,7 @@ def cmd_defrag(args: argparse.Namespace) -> int:
     api = KubePreemptionApi(api_client)
     log = StepLog()
     bound = [execute(engine, reader, api, uid, plan, lambda line: (log(line), None if args.json else print(line, flush=True)),
-                     args.timeout_seconds) for uid, plan in result.plans]
+                     args.timeout_seconds, max_moves=args.max_moves) for uid, plan in result.plans]
     if args.json:
         print(json.dumps({**plans_json(result), "executed": log.lines, "bound": sum(bound)}, indent=2))
     return 0 if all(bound) else 1

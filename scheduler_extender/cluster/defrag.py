@@ -83,6 +83,10 @@ def _gpu_pod(obj: Mapping[str, Any]) -> Any:
     return pod
 
 
+def _running(obj: Mapping[str, Any]) -> bool:
+    return (obj.get("status") or {}).get("phase") == "Running"
+
+
 def make_plans(engine: Engine, cache: ClusterCache, pods: Iterable[Mapping[str, Any]],
                budgets: Sequence[Mapping[str, Any]], max_moves: int | None = None) -> Plans:
     """Plans for the pending GPU pods among ``pods`` (all of the cluster's, as listed), on ``cache``
@@ -95,7 +99,7 @@ def make_plans(engine: Engine, cache: ClusterCache, pods: Iterable[Mapping[str, 
             continue
         if not pod.spec.node_name:
             pending.append((pod, obj))
-        elif movable_reason(obj, budgets) is None and pod.uid:
+        elif _running(obj) and movable_reason(obj, budgets) is None and pod.uid:
             job = engine.job(pod, cache.namespace_labels(pod.namespace))
             if not job.errors:
                 movable.append(Movable(pod.uid, _key(obj), pod.spec.node_name, job,
@@ -216,9 +220,11 @@ class StepLog:
 def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mapping[str, Any]], list[Mapping[str, Any]]]],
             api: PreemptionApi, pending_uid: str, plan: DefragPlan, log: Callable[[str], None],
             timeout_seconds: float = 300.0, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep, seconds_between_moves: float = 0.0) -> bool:
+            sleep: Callable[[float], None] = time.sleep, seconds_between_moves: float = 0.0,
+            max_moves: int | None = None) -> bool:
     """Carry ``plan`` out (module docstring); True when the pending pod is bound at the end.
-    ``seconds_between_moves``: the least time from one eviction to the next (a rate limit)."""
+    ``seconds_between_moves``: the least time from one eviction to the next (a rate limit);
+    ``max_moves``: the most moves a re-made plan may have (``make_plans``'s)."""
     ns, name = plan.pending.split("/", 1)
     deadline = clock() + timeout_seconds
     node = plan.node
@@ -243,7 +249,7 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
             sleep(poll_seconds)  # a moved pod still holds its devices: wait for it to go (or the rate limit)
             continue
         visible = [p for p in pods if (p.get("metadata") or {}).get("uid") not in refused]
-        again = make_plans(engine, cache, visible, budgets)
+        again = make_plans(engine, cache, visible, budgets, max_moves)
         fresh = next((p for uid, p in again.plans if uid == pending_uid), None)
         if fresh is None:
             sleep(poll_seconds)  # room made (kube-scheduler binds it), or no plan any more: wait, then say
@@ -253,8 +259,9 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
             api.nominate(ns, name, pending_uid, node)
             log(f"{plan.pending}: re-planned: room on {node} now")
         if moves_left <= 0:
-            log(f"{plan.pending}: stopped: more moves than planned were needed")
-            break
+            log(f"{plan.pending}: stopped: more moves than planned were needed; its hold on {node} is withdrawn")
+            api.nominate(ns, name, pending_uid, None)
+            return False
         move = fresh.moves[0]
         mns, mname = move.pod.key.split("/", 1)
         result = api.evict(mns, mname, move.pod.uid)

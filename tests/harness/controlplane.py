@@ -5,6 +5,8 @@ built from source by ``hack/build-control-plane.sh`` and cached by version outsi
 repository. There is no kubelet and no
 controller-manager: nodes are plain Node objects whose ``status.allocatable`` is set by
 :func:`create_node`, and kube-scheduler's decision is visible as the pod's ``spec.nodeName``.
+A test that needs a few controllers (ReplicaSets, PodDisruptionBudget status) starts a
+kube-controller-manager running only those: :meth:`ControlPlane.start_controller_manager`.
 
 Why it looks the way it does:
 
@@ -76,6 +78,7 @@ __all__ = [
     "SchedulerSpec",
     "create_node",
     "ensure_binaries",
+    "ensure_controller_manager",
     "ensure_helm",
     "free_port",
     "pod_events",
@@ -310,6 +313,19 @@ def ensure_binaries(*, echo: bool = True) -> Binaries:
             f"build script succeeded but these binaries are missing: {', '.join(missing)}"
         )
     return binaries
+
+
+def ensure_controller_manager(*, echo: bool = True) -> Path:
+    """Build (or find cached) kube-controller-manager (``hack/build-control-plane.sh node``, which
+    builds it with the real node's kubelet, kube-proxy and CoreDNS); return its path.
+
+    For :meth:`ControlPlane.start_controller_manager` on a control plane with fake nodes.
+    Raises :class:`BinariesError` if the build fails or the binary is missing.
+    """
+    kcm = bin_root("node", echo=echo) / f"k8s-{K8S_VERSION}" / "kube-controller-manager"
+    if not os.access(kcm, os.X_OK):
+        raise BinariesError(f"build script succeeded but {kcm} is missing")
+    return kcm
 
 
 HELM_VERSION = os.environ.get("HELM_VERSION", "v3.19.5")
@@ -676,6 +692,7 @@ class ControlPlane:
     _etcd: _Component | None = field(default=None, init=False, repr=False)
     _apiserver: _Component | None = field(default=None, init=False, repr=False)
     _schedulers: dict[str, _SchedulerProcess] = field(default_factory=dict, init=False, repr=False)
+    _controller_manager: _Component | None = field(default=None, init=False, repr=False)
     _api_port: int | None = field(default=None, init=False, repr=False)
     _ca_path: Path | None = field(default=None, init=False, repr=False)
     _etcd_url: str | None = field(default=None, init=False, repr=False)
@@ -793,6 +810,7 @@ class ControlPlane:
         """Terminate schedulers, the apiserver and etcd (in that order). Idempotent."""
         for name in list(self._schedulers):
             self.stop_scheduler(name)
+        self.stop_controller_manager()
         for comp in (self._apiserver, self._etcd):
             if comp is not None:
                 comp.stop()
@@ -921,7 +939,8 @@ class ControlPlane:
         """Process ids of the running components, by name (``etcd``, ``kube-apiserver``,
         ``kube-scheduler[NAME]``): for benchmarks that account CPU time per component."""
         out: dict[str, int] = {}
-        for comp in (self._etcd, self._apiserver, *(p.component for p in self._schedulers.values())):
+        for comp in (self._etcd, self._apiserver, *(p.component for p in self._schedulers.values()),
+                     self._controller_manager):
             if comp is not None and comp.proc is not None and comp.proc.poll() is None:
                 out[comp.name] = comp.proc.pid
         return out
@@ -931,6 +950,69 @@ class ControlPlane:
         proc = self._schedulers.pop(name, None)
         if proc is not None:
             proc.component.stop()
+
+    # -- controller-manager (optional) ---------------------------------------------------
+
+    def start_controller_manager(self, controllers: Sequence[str] = ("replicaset", "disruption"), *,
+                                 binary: Path | None = None, extra_args: Sequence[str] = (),
+                                 timeout: float | None = None) -> Path:
+        """Start a kube-controller-manager running only ``controllers`` against this control plane
+        (fake nodes, no kubelet) and wait for its ``/healthz``; return its log path.
+
+        Why: some features need what only controllers do, e.g. a ReplicaSet recreating an evicted
+        pod (``replicaset``) and PodDisruptionBudget status, without which the Eviction API allows
+        no eviction of a pod a budget selects (``disruption``). The default set is deliberately
+        small: no node-lifecycle controller (it would taint the kubelet-less nodes), no
+        service-account or token controllers (the ``ServiceAccount`` admission plugin is off here),
+        no garbage collector (delete a ReplicaSet's pods yourself). It uses the admin kubeconfig
+        (``--use-service-account-credentials=false``), no leader election, and a free port on
+        loopback. Stopped by :meth:`stop` (or :meth:`stop_controller_manager`).
+        """
+        if self._apiserver is None:
+            raise RuntimeError("start() the control plane before the controller-manager")
+        if self._controller_manager is not None and self._controller_manager.running:
+            raise ValueError("a kube-controller-manager is already running")
+        kcm = binary or ensure_controller_manager()
+        port = self._port()
+        cert_dir = self.workdir / "controller-manager-certs"
+        comp = _Component(
+            "kube-controller-manager",
+            [
+                *self.exec_prefix,
+                str(kcm),
+                f"--kubeconfig={self.kubeconfig_path}",
+                f"--controllers={','.join(controllers)}",
+                "--use-service-account-credentials=false",
+                "--leader-elect=false",
+                f"--secure-port={port}",
+                f"--bind-address={self.address}",
+                f"--cert-dir={cert_dir}",
+                f"--root-ca-file={self.ca_path}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                "--v=2",
+                *extra_args,
+            ],
+            self.logs / "kube-controller-manager.log",
+            self.workdir,
+        )
+        comp.start()
+        self._controller_manager = comp
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        try:
+            comp.wait_healthy(lambda: _http_ok(f"https://{self.address}:{port}/healthz", context=insecure),
+                              timeout or self.start_timeout)
+        except BaseException:
+            self.stop_controller_manager()
+            raise
+        return comp.log_path
+
+    def stop_controller_manager(self) -> None:
+        """Stop the kube-controller-manager of :meth:`start_controller_manager` (no-op if none)."""
+        comp, self._controller_manager = self._controller_manager, None
+        if comp is not None:
+            comp.stop()
 
     # -- internals ----------------------------------------------------------------------
 

@@ -54,6 +54,24 @@ class FakeGpuNode:
                 self._holders[i].append(pod_key)
         self.publish()
 
+    def assign_free(self, pod_key: str, count: int) -> tuple[int, ...]:
+        """The device plugin gave ``pod_key`` the ``count`` free GPUs of lowest index (none held by
+        a pod), as the kubelet's device manager picks them on a node without topology hints; the
+        agent publishes it. Returns their indices (a pod holding GPUs already gets no more: its
+        own). Raises ``ValueError`` if fewer than ``count`` are free."""
+        with self._lock:
+            own = tuple(i for i, keys in sorted(self._holders.items()) if pod_key in keys)
+            if own:
+                return own
+            free = [i for i, keys in sorted(self._holders.items()) if not keys]
+            if len(free) < count:
+                raise ValueError(f"{self.name}: {pod_key} needs {count} GPUs, {len(free)} free: {self._holders}")
+            chosen = tuple(free[:count])
+            for i in chosen:
+                self._holders[i].append(pod_key)
+        self.publish()
+        return chosen
+
     def release(self, pod_key: str) -> bool:
         """``pod_key``'s containers stopped: the agent no longer lists it. Returns whether it held any GPU."""
         with self._lock:
@@ -77,7 +95,9 @@ class FakeGpuNode:
 class FakeKubelet:
     """A thread playing the kubelet for the pods of ``namespace`` bound to ``nodes``.
 
-    Every ``interval`` seconds: a bound ``Pending`` pod is marked ``Running`` (Ready); a pod with a
+    Every ``interval`` seconds: a bound ``Pending`` pod is started (``on_running(pod)``, if given,
+    before its status is written: e.g. the device plugin gives it GPUs) and marked ``Running``
+    (Ready); a pod with a
     ``deletionTimestamp`` is "stopped" (``on_terminating(pod)``: e.g. the agent stops listing it),
     then deleted with grace 0, and its name appended to :attr:`terminated`. Use it as a context
     manager; errors of the thread are kept in :attr:`errors` (404 and 409 races are not errors).
@@ -85,11 +105,13 @@ class FakeKubelet:
     """
 
     def __init__(self, api: k8s.ApiClient, namespace: str, nodes: Iterable[str], *,
-                 on_terminating: Callable[[k8s.V1Pod], None] | None = None, interval: float = 0.1) -> None:
+                 on_terminating: Callable[[k8s.V1Pod], None] | None = None, interval: float = 0.1,
+                 on_running: Callable[[k8s.V1Pod], None] | None = None) -> None:
         self.core = k8s.CoreV1Api(api)
         self.namespace = namespace
         self.nodes = frozenset(nodes)
         self.on_terminating = on_terminating
+        self.on_running = on_running
         self.interval = interval
         #: Names of the pods this kubelet deleted after they were marked for deletion, in order.
         self.terminated: list[str] = []
@@ -134,6 +156,8 @@ class FakeKubelet:
                     if pod.metadata.name not in self.terminated:
                         self.terminated.append(pod.metadata.name)
                 elif (pod.status.phase or "Pending") == "Pending":
+                    if self.on_running is not None:
+                        self.on_running(pod)
                     self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, _running_status())
             except ApiException as exc:
                 if exc.status not in (404, 409):  # gone meanwhile, or another pod under that name
