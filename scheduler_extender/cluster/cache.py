@@ -188,7 +188,7 @@ class ClusterCache:
         self._host_by_node: dict[str, set[str]] = {}
         self._states: dict[str, NodeState] = {}
         # uid -> (node, what it takes): pods preemption made room for (nominate)
-        self._nominations: dict[str, tuple[str, _Reserved]] = {}
+        self._nominations: dict[str, tuple[str, _Reserved, float]] = {}  # uid -> (node, entry, held until)
         self._nominated_on: dict[str, set[str]] = {}
         self._namespaces: dict[str, Mapping[str, str]] = {}  # name -> labels
         self.nodes_synced = False
@@ -414,9 +414,13 @@ class ClusterCache:
                 self.nominate(uid, None)
 
     def expire_reservations(self, now: float | None = None) -> None:
-        """End the reservations whose time is up (called before each decision and by the requeue loop)."""
+        """End the reservations and nominations whose time is up (called before each decision and
+        by the requeue loop)."""
+        at = _monotonic(now)
         with self._lock:
-            self._invalidate_all(self._reservations.expire(_monotonic(now)))
+            self._invalidate_all(self._reservations.expire(at))
+            for uid in [u for u, (_, _, until) in self._nominations.items() if until <= at]:
+                self.nominate(uid, None)
 
     def reservation_counts(self) -> tuple[int, int, dict[str, int]]:
         """(held now, made in all, ended by outcome) for metrics."""
@@ -575,13 +579,18 @@ class ClusterCache:
                     for uid in sorted(self._pods_by_node.get(name, ())) for p in (self._pods[uid],)]
 
     # ---- nominations (the room preemption makes for a pod, cluster.preemption) -----------------
-    def nominate(self, uid: str, node: str | None, pod: Pod | None = None, job: Job | None = None) -> None:
+    def nominate(self, uid: str, node: str | None, pod: Pod | None = None, job: Job | None = None,
+                 now: float | None = None) -> None:
         """Hold pod ``uid`` on ``node`` for as long as it is neither bound nor reserved, whatever
         kube-scheduler asks meanwhile (a reservation ends when the pod is asked about again; a
         nomination does not: victims take seconds to go, and the room must not go to another pod
         meanwhile); ``node`` None ends it. What it takes is read from ``job`` as for ``reserve``.
         Every replica nominates from the pod's ``extender.gpuplace.io/nominated-node``
-        annotation, which the preempting replica writes."""
+        annotation, which the preempting replica writes. A nomination ends by itself
+        ``NOMINATION_HOLD_SECONDS`` after this call (the controller withdraws its own after
+        ``cluster.preemption.NOMINATION_SECONDS``; an annotation anyone else wrote holds no longer:
+        the pod's author could bind it to a node outright with ``spec.nodeName``, so honouring the
+        annotation grants nothing more for that time)."""
         with self._lock:
             old = self._nominations.pop(uid, None)
             if old is not None:
@@ -592,7 +601,7 @@ class ClusterCache:
             entry = _reserved_entry(f"{pod.namespace}/{pod.name}", job)
             if len(self._nominations) >= MAX_NOMINATIONS:
                 return
-            self._nominations[uid] = (node, entry)
+            self._nominations[uid] = (node, entry, _monotonic(now) + NOMINATION_HOLD_SECONDS)
             self._nominated_on.setdefault(node, set()).add(uid)
             self._invalidate(node)
 
@@ -653,6 +662,10 @@ def _reserved_entry(key: str, job: Job) -> _Reserved:
     return _Reserved(cut(key, MAX_UID_CHARS), devices, job.vram.bytes_per_gpu if job.vram is not None else None,
                      job.cpu_milli, job.memory_bytes, req.gpu_fraction_milli)
 
+
+NOMINATION_HOLD_SECONDS = 150.0
+"""How long a nomination holds its node (``nominate``): longer than the preemption controller
+waits before it withdraws one (120 s), so that its own are withdrawn first."""
 
 MAX_NOMINATIONS = 20_000
 """Nominated pods held at once (``nominate``): as for reservations, a bound on what a cluster's

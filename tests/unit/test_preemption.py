@@ -428,3 +428,15 @@ def test_without_lower_priority_pods_anywhere_a_refused_pod_gets_no_preemption_e
     api = FakeApi()
     assert Preemptor(FakeService(c), lambda: [Rejected(_high(priority=0))], api).check() == []
     assert api.calls == []
+
+
+def test_a_nomination_ends_by_itself_after_its_hold_whoever_wrote_the_annotation():
+    from scheduler_extender.cluster.cache import NOMINATION_HOLD_SECONDS
+    c = cluster([nvlink_node({})])
+    p = as_pod(pod(gpus=4, name="high"))
+    c.nominate(p.uid, "nv", p, ENGINE.job(p), now=1000.0)
+    other = ENGINE.job(as_pod(pod(gpus=1, name="other")))
+    c.expire_reservations(now=1000.0 + NOMINATION_HOLD_SECONDS - 1)
+    assert c.nomination(p.uid) == "nv" and not filter_node(other, c.state("nv"), ENGINE.policy).passed
+    c.expire_reservations(now=1000.0 + NOMINATION_HOLD_SECONDS)
+    assert c.nomination(p.uid) is None and filter_node(other, c.state("nv"), ENGINE.policy).passed
