@@ -444,7 +444,7 @@ def _preemption(args: argparse.Namespace, service: ExtenderService, metrics: Ext
     requeue = service.requeue
     assert requeue is not None  # _checked_options: --preemption needs --requeue-rejected-pods
     lease = args.preemption_lease or f"{os.environ.get('POD_NAMESPACE') or 'default'}/gpuplace-extender-preemption"
-    gate = LeaderGate(*parse_lease(lease))
+    gate = LeaderGate(*parse_lease(lease), serving=service.serving)
     gate.start()
     api = KubePreemptionApi(client.ApiClient())
     preemptor = Preemptor(service, requeue.rejected, api, metrics.preemption, requeue=pod_patcher(client.ApiClient()))

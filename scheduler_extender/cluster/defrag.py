@@ -221,10 +221,12 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
             api: PreemptionApi, pending_uid: str, plan: DefragPlan, log: Callable[[str], None],
             timeout_seconds: float = 300.0, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep, seconds_between_moves: float = 0.0,
-            max_moves: int | None = None) -> bool:
+            max_moves: int | None = None, keep_going: Callable[[], bool] = lambda: True) -> bool:
     """Carry ``plan`` out (module docstring); True when the pending pod is bound at the end.
     ``seconds_between_moves``: the least time from one eviction to the next (a rate limit);
-    ``max_moves``: the most moves a re-made plan may have (``make_plans``'s)."""
+    ``max_moves``: the most moves a re-made plan may have (``make_plans``'s); ``keep_going()``:
+    False stops it before the next step (the extender's replica lost the Lease), the hold
+    withdrawn."""
     ns, name = plan.pending.split("/", 1)
     deadline = clock() + timeout_seconds
     node = plan.node
@@ -236,6 +238,10 @@ def execute(engine: Engine, reader: Callable[[], tuple[ClusterCache, list[Mappin
     last_move = -float("inf")
     moves_left = len(plan.moves) + 2  # a re-plan may need a move more; never more than this
     while clock() < deadline:
+        if not keep_going():
+            log(f"{plan.pending}: stopped (this replica no longer leads); its hold on {node} is withdrawn")
+            api.nominate(ns, name, pending_uid, None)
+            return False
         cache, pods, budgets = reader()
         uids = {(p.get("metadata") or {}).get("uid"): p for p in pods}
         current = uids.get(pending_uid)
@@ -405,8 +411,9 @@ class Defragmenter:
         self._engine, self._reader, self._api, self._metrics = engine, reader, api, metrics
         self.interval_seconds, self._log, self._clock, self._sleep = interval_seconds, log, clock, sleep
 
-    def once(self) -> bool | None:
-        """One pass: plan, and carry the first plan out; None when there was nothing to do."""
+    def once(self, leading: Callable[[], bool] = lambda: True) -> bool | None:
+        """One pass: plan, and carry the first plan out (while ``leading()``); None when there was
+        nothing to do."""
         engine = self._engine()
         cache, pods, budgets = self._reader(engine)
         result = make_plans(engine, cache, pods, budgets)
@@ -418,7 +425,7 @@ class Defragmenter:
         bound = execute(engine, lambda: self._reader(engine), _CountingApi(self._api, self._metrics), uid, plan,
                         self._log, timeout_seconds=max(300.0, 4 * self.interval_seconds * (len(plan.moves) + 1)),
                         poll_seconds=min(5.0, self.interval_seconds), seconds_between_moves=self.interval_seconds,
-                        clock=self._clock, sleep=self._sleep)
+                        clock=self._clock, sleep=self._sleep, keep_going=leading)
         if self._metrics is not None:
             self._metrics.defrag_plans.labels("bound" if bound else "not_bound").inc()
         return bound
@@ -430,7 +437,7 @@ class Defragmenter:
             if not leading():
                 continue
             try:
-                self.once()
+                self.once(leading)
             except Exception as e:  # noqa: BLE001 - keep going; the next pass lists everything again
                 self._log(f"defragmentation pass failed: {type(e).__name__}: {e}")
 

@@ -162,16 +162,21 @@ class Preemptor:
         job = service.job_for(service.engine, r.pod)
         return bool(service.engine.filter_grouped(job, [state], service.source.now()).results[0].passed)
 
-    def plan(self, pod: Pod, job: Any, budgets: Sequence[Mapping[str, Any]]
+    def plan(self, pod: Pod, job: Any, budgets: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
              ) -> tuple[NodePreemption | None, list[NoPreemption]]:
         """The node and victims for ``pod`` (resolved as ``job``), or None with each searched node's
-        reason; reads the extender's current view only."""
+        reason; reads the extender's current view only. ``names``: the nodes kube-scheduler sent
+        with the pod (those its own filters pass: node selectors, affinity, taints, CPU and
+        memory); None: every node. The pod's own hold (a nomination) does not count against it."""
         service = self._service
         source, engine = service.source, service.engine
         cache = source.cache
-        names = sorted(source.node_names())
+        names = sorted(n for n in (set(names) if names is not None else source.node_names()) if cache.has_node(n))
         now = source.now()
-        grouped = engine.filter_grouped(job, source.states(names, None), now)
+        own = frozenset({pod.uid}) if pod.uid else frozenset()
+        held = cache.nomination(pod.uid)  # its own hold, where it has one, does not count against it
+        grouped = engine.filter_grouped(job, [cache.state_without(n, own) if n == held else cache.state(n)
+                                              for n in names], now)
         failing = [n for n, g in zip(names, grouped.group_of) if resolvable_only(grouped.results[g])]
         if not failing:
             reasons = {grouped.results[g].reason for g in grouped.group_of if not grouped.results[g].passed}
@@ -192,7 +197,7 @@ class Preemptor:
                     candidates.append(Candidate(b.uid, b.key, b.priority))
 
             def without(uids: frozenset[str], node: str = node) -> Any:
-                return cache.state_without(node, uids)
+                return cache.state_without(node, uids | own)
             choices.append(choose_victims(job, pod.priority, node, candidates, without, engine.policy, now))
         best = best_preemption(choices)
         return best, [c for c in choices if isinstance(c, NoPreemption)]
@@ -231,11 +236,15 @@ class Preemptor:
             if searched >= MAX_PODS_PER_CHECK:
                 break  # the rest at the next pass: the leader also answers kube-scheduler
             searched += 1
-            if budgets is None:
-                budgets = self._api.budgets()
+            try:
+                if budgets is None:
+                    budgets = self._api.budgets()
+            except Exception as e:  # noqa: BLE001 - unknown budgets: nothing is evicted on a guess
+                log.warning("preemption pass skipped: cannot list PodDisruptionBudgets: %s", e)
+                return started
             try:
                 job = self._service.job_for(self._service.engine, r.pod)
-                best, refusals = self.plan(r.pod, job, budgets)
+                best, refusals = self.plan(r.pod, job, budgets, getattr(r, "names", None))
             except Exception:  # noqa: BLE001 - one pod's search must not stop the others'
                 log.exception("preemption check of pod %s/%s failed", r.namespace, r.name)
                 continue
@@ -255,23 +264,37 @@ class Preemptor:
                     log.info("pod %s/%s: %s", r.namespace, r.name, message)
                     self._api.event(r.namespace, r.name, r.uid, "Warning", "PreemptionNotHelpful", message)
                 continue
-            if self._api.nominate(r.namespace, r.name, r.uid, best.node) != "nominated":
-                continue  # gone, or the patch was refused: nothing evicted
-            a.node = best.node
-            victims = ", ".join(v.key for v in best.victims)
-            message = f"evicting {victims} on {best.node} to make room for this pod"
-            log.info("pod %s/%s: %s", r.namespace, r.name, message)
-            self._api.event(r.namespace, r.name, r.uid, "Normal", "Preempting", message)
-            for v in best.victims:
-                ns, name = v.key.split("/", 1)
-                result = self._api.evict(ns, name, v.uid)
-                if self._metrics is not None:
-                    self._metrics.evictions.labels(result).inc()
-                if result not in ("evicted", "gone"):
-                    log.warning("eviction of %s for %s/%s: %s", v.key, r.namespace, r.name, result)
-            self._count("started")
-            started.append(best)
+            try:
+                if self._start(r, best, a):
+                    started.append(best)
+            except Exception:  # noqa: BLE001 - an API hiccup for one pod must not stop the others'
+                log.exception("preemption for pod %s/%s failed", r.namespace, r.name)
         return started
+
+    def _start(self, r: Any, best: NodePreemption, a: _Attempt) -> bool:
+        """Hold the pod on ``best.node`` and evict the victims, stopping at the first eviction
+        refused (a budget that allows no more now): the room can no longer be made, the hold is
+        withdrawn and the pod searched again at its next check."""
+        if self._api.nominate(r.namespace, r.name, r.uid, best.node) != "nominated":
+            return False  # gone, or the patch was refused: nothing evicted
+        a.node = best.node
+        victims = ", ".join(v.key for v in best.victims)
+        message = f"evicting {victims} on {best.node} to make room for this pod"
+        log.info("pod %s/%s: %s", r.namespace, r.name, message)
+        self._api.event(r.namespace, r.name, r.uid, "Normal", "Preempting", message)
+        for v in best.victims:
+            ns, name = v.key.split("/", 1)
+            result = self._api.evict(ns, name, v.uid)
+            if self._metrics is not None:
+                self._metrics.evictions.labels(result).inc()
+            if result not in ("evicted", "gone"):
+                log.warning("eviction of %s for %s/%s: %s; the other victims are left, the hold withdrawn", v.key,
+                            r.namespace, r.name, result)
+                self._api.nominate(r.namespace, r.name, r.uid, None)
+                a.node = None
+                return False
+        self._count("started")
+        return True
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
@@ -292,25 +315,33 @@ class Preemptor:
 class LeaderGate:
     """Leader election on a coordination.k8s.io Lease (``kubernetes.leaderelection``): ``leading()``
     is True while this replica holds it. Lease 15 s, renewed every 2 s (kube-scheduler's defaults,
-    ``LeaderElectionConfiguration``: 15 s, 10 s, 2 s)."""
+    ``LeaderElectionConfiguration``: 15 s, 10 s, 2 s).
 
-    def __init__(self, namespace: str, name: str, identity: str | None = None) -> None:
+    ``serving()``: whether this replica answers kube-scheduler now (it had a ``/filter`` call
+    lately). A replica competes for the Lease, and renews it, only while it serves: the pods to
+    preempt for are the ones its own filter refused, and with the chart's ``sessionAffinity:
+    ClientIP`` kube-scheduler talks to one replica; a leader that stops serving lets the Lease
+    lapse and the serving one takes it."""
+
+    def __init__(self, namespace: str, name: str, identity: str | None = None,
+                 serving: Callable[[], bool] | None = None) -> None:
         self.namespace, self.name = namespace, name
         self.identity = identity or f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self._leading = threading.Event()
+        self._serving = serving or (lambda: True)
 
     def leading(self) -> bool:
         return self._leading.is_set()
 
     def _loop(self) -> None:
-        from kubernetes.leaderelection import electionconfig, leaderelection
+        from kubernetes.leaderelection import electionconfig
         from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
         while True:
             try:
                 config = electionconfig.Config(LeaseLock(self.name, self.namespace, self.identity), lease_duration=15,
                                                renew_deadline=10, retry_period=2, onstarted_leading=self._leading.set,
                                                onstopped_leading=self._leading.clear)
-                leaderelection.LeaderElection(config).run()
+                _ServingElection(config, self._serving).run()
             except Exception:  # noqa: BLE001 - an API hiccup: not leading, try again
                 log.exception("leader election on lease %s/%s failed", self.namespace, self.name)
             self._leading.clear()
@@ -318,6 +349,25 @@ class LeaderGate:
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="preemption-leader", daemon=True).start()
+
+
+def _serving_election() -> type:
+    from kubernetes.leaderelection import leaderelection
+
+    class ServingElection(leaderelection.LeaderElection):
+        """``LeaderElection`` that neither takes nor renews the Lease while ``serving()`` is False."""
+
+        def __init__(self, config: Any, serving: Callable[[], bool]) -> None:
+            super().__init__(config)
+            self._serving = serving
+
+        def try_acquire_or_renew(self) -> bool:
+            return bool(self._serving()) and super().try_acquire_or_renew()
+    return ServingElection
+
+
+def _ServingElection(config: Any, serving: Callable[[], bool]) -> Any:  # noqa: N802 - a class, built lazily
+    return _serving_election()(config, serving)
 
 
 class KubePreemptionApi:
@@ -339,11 +389,14 @@ class KubePreemptionApi:
         return [self._api_client.sanitize_for_serialization(b) for b in items]
 
     def nominate(self, namespace: str, name: str, uid: str, node: str | None) -> str:
+        """Set (or with None remove) the pod's nomination. A node is set after a removal, so that
+        the same value set again is a change every replica sees (its hold restarts)."""
         from kubernetes.client.rest import ApiException
-        body = {"metadata": {"uid": uid, "annotations": {NOMINATED_ANNOTATION: node}}}
         try:
-            self._core.patch_namespaced_pod(name, namespace, body, _content_type="application/merge-patch+json",
-                                            _request_timeout=10)
+            for value in ((None, node) if node is not None else (None,)):
+                body = {"metadata": {"uid": uid, "annotations": {NOMINATED_ANNOTATION: value}}}
+                self._core.patch_namespaced_pod(name, namespace, body, _content_type="application/merge-patch+json",
+                                                _request_timeout=10)
         except ApiException as e:
             log.warning("nomination patch of pod %s/%s: HTTP %s: %s", namespace, name, e.status, str(e.body)[:300])
             return "gone" if e.status in (404, 409, 422) else "forbidden" if e.status == 403 else "error"

@@ -82,6 +82,8 @@ REQUEUE_ANNOTATION = "extender.gpuplace.io/requeued-at"
 ``gpuplace.io/`` requests a user writes, so it never changes what the pod asks for."""
 
 MAX_PODS = 10_000
+MAX_LISTS = 64
+"""Distinct node lists of requests the remembered rejections share (``Rejection.names``)."""
 MAX_AGE_SECONDS = 300.0
 """kube-scheduler's upstream ``podMaxInUnschedulablePodsDuration``: a pod waiting longer is retried
 by kube-scheduler itself, and rejected again (and remembered again) if it still fits nowhere."""
@@ -109,6 +111,7 @@ class Rejection:
     engine_serial: int  # the policy (``Engine.serial``) it was decided under
     at: float  # monotonic seconds of the answer
     excluded: frozenset[str] = frozenset()  # nodes kube-scheduler left out of the request (``_History``)
+    names: tuple[str, ...] | None = None  # the nodes of the request (its own filters passed them), shared
 
 
 @dataclass
@@ -146,6 +149,7 @@ class Requeuer:
         self._lock = threading.Lock()  # observe/due run on the event loop, requeue in a worker thread
         self._pods: OrderedDict[str, Rejection] = OrderedDict()
         self._history: OrderedDict[str, _History] = OrderedDict()
+        self._lists: dict[tuple[str, ...], tuple[str, ...]] = {}  # node lists the rejections share
 
     def generation(self) -> int:
         """The source's change-log generation now; read before deciding, so a change that lands
@@ -154,6 +158,17 @@ class Requeuer:
 
     def __len__(self) -> int:
         return len(self._pods)
+
+    def _interned(self, names: Sequence[str]) -> tuple[str, ...]:
+        """``names`` as a tuple shared with the rejections of the same list (kube-scheduler sends one
+        list for a burst's pods): remembered pods keep one copy of it, not one each."""
+        key = tuple(names)
+        got = self._lists.get(key)
+        if got is None:
+            if len(self._lists) >= MAX_LISTS:
+                self._lists.clear()
+            got = self._lists[key] = key
+        return got
 
     def rejected(self) -> list[Rejection]:
         """The pods remembered now (their last answer passed no node), oldest answer first."""
@@ -182,7 +197,8 @@ class Requeuer:
                     sent: Container[str] = set(names) if len(suspects) > 8 else names
                     excluded = h.excluded = frozenset(n for n in suspects if n not in sent)
                     h.triggers = frozenset()
-                self._pods[uid] = Rejection(uid, pod.namespace, pod.name, pod, generation, engine_serial, self._clock(), excluded)
+                self._pods[uid] = Rejection(uid, pod.namespace, pod.name, pod, generation, engine_serial, self._clock(),
+                                            excluded, self._interned(names))
                 self._pods.move_to_end(uid)
                 while len(self._pods) > self._max_pods:
                     self._pods.popitem(last=False)

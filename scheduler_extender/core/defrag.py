@@ -129,11 +129,11 @@ def plan_room(job: Job, pending: str, snapshot: Snapshot, movable: Sequence[Mova
         max_moves: the most moves a plan may have (``MAX_MOVES``).
     """
     search = _Search(snapshot, policy, now, overlay or Overlay(), movable, max_checks)
-    if any(search.fits(job, n) for n in search.names):
+    if any(search.fits(job, n, counted=False) for n in search.names):
         return None
     # Targets: the nodes where moving every movable pod away would make room.
     targets = [n for n in search.names if search.movable_on(n)
-               and search.fits(job, n, without=frozenset(m.uid for m in search.movable_on(n)))]
+               and search.fits(job, n, without=frozenset(m.uid for m in search.movable_on(n)), counted=False)]
     for k in range(1, max_moves + 1):  # iterative deepening: the first plan found has the fewest moves
         best: DefragPlan | None = None
         for node in targets:
@@ -172,10 +172,14 @@ class _Search:
     def movable_on(self, node: str) -> list[Movable]:
         return [m for m in self._movable.get(node, ()) if m.uid not in self.without.get(node, ())]
 
-    def fits(self, job: Job, node: str, without: frozenset[str] = frozenset()) -> bool:
-        self.checks_left -= 1
-        if self.checks_left < 0:
-            return False
+    def fits(self, job: Job, node: str, without: frozenset[str] = frozenset(), counted: bool = True) -> bool:
+        """Whether ``job`` passes the filter on ``node`` with the moves being tried (and ``without``
+        gone); ``counted``: a decision of the search proper, taken from the budget (the scans of
+        every node that start a search are not: a large cluster must not spend it there)."""
+        if counted:
+            self.checks_left -= 1
+            if self.checks_left < 0:
+                return False
         st = self.overlay.state(self.snapshot, node, frozenset(self.without.get(node, ())) | without,
                                 self.added.get(node, ()))
         return st is not None and filter_node(job, st, self.policy, self.now).passed

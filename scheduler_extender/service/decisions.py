@@ -29,7 +29,6 @@ from scheduler_extender.core.node import node_name
 from scheduler_extender.core.kube_scores import default_profile_score
 from scheduler_extender.core.score import NodeScore, scores_without_devices
 from scheduler_extender.core.pod import Pod, as_pod
-from scheduler_extender.core.preemption import Candidate, NodePreemption, choose_victims
 from scheduler_extender.core.workload import WorkloadProfile, WorkloadTracker
 from scheduler_extender.service.explain import explain_decision
 from scheduler_extender.service.logtext import for_log
@@ -37,14 +36,19 @@ from scheduler_extender.served.decider import Decider
 from scheduler_extender.served.memo import BoundedMemo
 from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.cluster.pending import NOMINATED_ANNOTATION
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource
 from scheduler_extender.service.wire import ExtenderArgs, ExtenderPreemptionArgs, dumps
 
 log = logging.getLogger(__name__)
 
-_IGNORED_ANNOTATIONS = frozenset({REQUEUE_ANNOTATION})
+_IGNORED_ANNOTATIONS = frozenset({REQUEUE_ANNOTATION, NOMINATED_ANNOTATION})
 """Left out of a pod's job key: the extender's own requeue mark changes nothing the pod asks for."""
+
+SERVING_SECONDS = 90.0
+"""A replica serves kube-scheduler while it had a ``/filter`` call within this (``serving``):
+kube-scheduler retries waiting pods at least every 60 s in the chart."""
 
 MAX_ANSWERS = 64
 """Response bodies remembered per (verb, engine, node list version, pod spec); a few bursts' worth."""
@@ -140,6 +144,7 @@ class ExtenderService:
         self.source = source
         self.metrics = metrics or ExtenderMetrics()
         self._node_index: _NodeIndex | None = None
+        self._last_filter_at = -float("inf")  # monotonic seconds of the last /filter call (``serving``)
         self._node_list: _NodeListMemo | None = None
         self._node_list_lock = threading.Lock()
         self._answers: BoundedMemo[bytes] = BoundedMemo(MAX_ANSWERS, MAX_ANSWER_BYTES)
@@ -392,7 +397,12 @@ class ExtenderService:
             self._expire_reservations(args.Pod.uid)
             return self._filter_response(args)
 
+    def serving(self, within_seconds: float = SERVING_SECONDS) -> bool:
+        """Whether kube-scheduler called ``/filter`` here within the last ``within_seconds``."""
+        return time.monotonic() - self._last_filter_at < within_seconds
+
     def _filter_response(self, args: ExtenderArgs) -> bytes:
+        self._last_filter_at = time.monotonic()
         requeue = self.requeue
         # read before deciding: a change or a reload landing meanwhile counts as after the answer
         generation, serial = (requeue.generation(), self.engine.serial) if requeue is not None else (0, 0)
@@ -647,37 +657,28 @@ class ExtenderService:
     def preempt_response(self, args: ExtenderPreemptionArgs) -> bytes:
         """``POST /preempt`` (kube-scheduler's ``ProcessPreemption``): per node, the victims
         kube-scheduler's dry run proposed, kept where gpuplace's filter passes the pod without
-        them; where it does not, the fewest lower-priority pods more that it counts too (the
-        sharers of a time-sliced GPU, the holder of an NVLink peer: ``core.preemption``) are
-        added; a node where no eviction makes room is left out. Answers
+        them (its own hold, a nomination, left out too); a node where they do not make room is
+        left out, so that no pod is deleted for nothing. No victim is added: kube-scheduler
+        deletes the verb's victims directly, past PodDisruptionBudgets this extender does not
+        read, and a victim its own view lacks fails the whole preemption; gpuplace's controller
+        (``cluster.preemption``) makes such room itself, through the Eviction API. Answers
         ``ExtenderPreemptionResult`` (``NodeNameToMetaVictims``, the form kube-scheduler reads
         back whatever it sent). A source that knows no pods (static mode) keeps every proposal."""
         proposed = args.victim_uids()
         pdb = {n: v.NumPDBViolations for n, v in (args.NodeNameToMetaVictims or args.NodeNameToVictims or {}).items()}
-        bound_pods = getattr(self.source, "bound_pods", None)
+        state_without = getattr(self.source, "state_without", None)
         kept: dict[str, list[str]] = {}
-        if bound_pods is None:
+        if state_without is None:
             kept = proposed
         else:
             engine = self.engine
             job = self._job(engine, args.Pod)
             now = self.source.now()
-            priority = args.Pod.priority
+            own = frozenset({args.Pod.uid}) if args.Pod.uid else frozenset()
             for node, uids in proposed.items():
-                victims = frozenset(uids)
-                state = self.source.state_without(node, victims)
-                if state is None:
-                    continue  # a node the extender does not know: no room it can vouch for
-                if engine.filter_grouped(job, [state], now).results[0].passed:
+                state = state_without(node, frozenset(uids) | own)
+                if state is not None and engine.filter_grouped(job, [state], now).results[0].passed:
                     kept[node] = list(uids)
-                    continue
-                more = [Candidate(b.uid, b.key, b.priority) for b in bound_pods(node)
-                        if b.uid not in victims and not b.terminating]
-                extra = choose_victims(job, priority, node, more,
-                                       lambda u, node=node, victims=victims: self.source.state_without(node, victims | u),
-                                       engine.policy, now)
-                if isinstance(extra, NodePreemption):
-                    kept[node] = [*uids, *(v.uid for v in extra.victims)]
         return dumps({"NodeNameToMetaVictims": {
             n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb.get(n, 0)} for n, uids in kept.items()}})
 

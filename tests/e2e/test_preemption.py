@@ -101,7 +101,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 description=f"gpuplace preemption e2e test ({name})"))
         extender = start_extender(cp.kubeconfig_path, cp.logs, extra_args=EXTENDER_ARGS)
         try:
-            wait_leader(api)
             cp.add_scheduler(SchedulerSpec(name=SCHEDULER, extender=ExtenderSpec(url_prefix=extender.url)))
             yield Cluster(cp, api, extender)
         finally:
@@ -115,8 +114,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def wait_leader(api: k8s.ApiClient) -> None:
-    """Only the leader acts: wait until the extender holds the Lease, so that the waits below do not
-    include the election."""
+    """Only the leader acts, and a replica competes for the Lease once kube-scheduler calls it
+    (``LeaderGate``'s serving): after the low-priority pods went through the extender, wait until
+    it holds the Lease, so that the waits below do not include the election."""
     coordination = k8s.CoordinationV1Api(api)
     wait_for(lambda: coordination.read_namespaced_lease(LEASE_NAME, LEASE_NS).spec.holder_identity,
              30, interval=0.2, message=f"the extender never became leader on Lease {LEASE_NS}/{LEASE_NAME}")
@@ -211,6 +211,7 @@ def bind_low_priority_pods(cluster: Cluster, node: FakeNode, manifests: list[dic
     core = k8s.CoreV1Api(cluster.api)
     for n in names:
         assert wait_pod_scheduled(cluster.api, NS, n, timeout=30) == node.name, (n, pod_event_records(cluster.api, NS, n))
+    wait_leader(cluster.api)
     for n in names:
         node.gpus.assign(f"{NS}/{n}", *gpus_of[n])
     keys = {f"{NS}/{n}" for n in names}

@@ -383,13 +383,13 @@ def _preempt(c, p, proposals, meta=True):
 
 
 @pytest.mark.parametrize("meta", [True, False])
-def test_the_preempt_verb_adds_the_nvlink_peers_holder_that_kube_schedulers_count_missed(meta):
+def test_the_preempt_verb_drops_a_node_where_kube_schedulers_count_frees_the_wrong_gpus(meta):
     c = cluster([nvlink_node({0: "a", 1: "b", 2: "c", 3: "d"})],
                 [bound(pod(name="a"), "nv", 1), bound(pod(name="b"), "nv", 40), bound(pod(name="c"), "nv", 2),
                  bound(pod(name="d"), "nv", 30)])
-    high = _high()
-    # kube-scheduler's count: the two lowest priorities, on GPUs 0 and 2, not NVLink peers
-    assert _preempt(c, high, {"nv": ["a", "c"]}, meta) == {"nv": ["a", "c", "d"]}
+    # kube-scheduler's count: the two lowest priorities, on GPUs 0 and 2, not NVLink peers: no pod
+    # is deleted for nothing (gpuplace's controller makes that room itself, through evictions)
+    assert _preempt(c, _high(), {"nv": ["a", "c"]}, meta) == {}
 
 
 def test_the_preempt_verb_keeps_a_proposal_that_makes_room_as_it_is():
@@ -398,19 +398,21 @@ def test_the_preempt_verb_keeps_a_proposal_that_makes_room_as_it_is():
     assert _preempt(c, _high(), {"nv": ["a", "b"]}) == {"nv": ["a", "b"]}
 
 
-def test_the_preempt_verb_adds_the_sharer_whose_vram_the_replica_count_missed():
+def test_the_preempt_verb_drops_a_proposal_that_leaves_a_shared_gpu_short_of_vram():
     c = shared_gpu_with_three_7gib_pods(replicas=3)
     high = inference_pod("high", "14Gi")
     high["spec"]["priority"] = 1000
     # every replica in use: kube-scheduler frees one replica, which leaves 10 GiB, not 14
-    assert _preempt(c, high, {"ts": ["low-2"]}) == {"ts": ["low-0", "low-2"]}
+    assert _preempt(c, high, {"ts": ["low-2"]}) == {}
+    assert _preempt(c, high, {"ts": ["low-1", "low-2"]}) == {"ts": ["low-1", "low-2"]}
 
 
-def test_the_preempt_verb_drops_a_node_where_no_eviction_makes_room():
-    c = cluster([nvlink_node({0: "a", 1: "boss", 2: "c", 3: "boss2"})],
-                [bound(pod(name="a"), "nv", 1), bound(pod(name="boss"), "nv", 500), bound(pod(name="c"), "nv", 2),
-                 bound(pod(name="boss2"), "nv", 500)])
-    assert _preempt(c, _high(), {"nv": ["a", "c"]}) == {}
+def test_the_preempt_verb_does_not_count_the_pods_own_hold_against_it():
+    c = cluster([nvlink_node({0: "a", 1: "b", 2: "c", 3: "d"})], [bound(pod(name=x), "nv", 1) for x in "abcd"])
+    high = _high()
+    p = as_pod(high)
+    c.nominate(p.uid, "nv", p, ENGINE.job(p))
+    assert _preempt(c, high, {"nv": ["a", "b"]}) == {"nv": ["a", "b"]}
 
 
 def test_a_pod_whose_priority_class_says_never_preempt_evicts_nothing():
@@ -440,3 +442,45 @@ def test_a_nomination_ends_by_itself_after_its_hold_whoever_wrote_the_annotation
     assert c.nomination(p.uid) == "nv" and not filter_node(other, c.state("nv"), ENGINE.policy).passed
     c.expire_reservations(now=1000.0 + NOMINATION_HOLD_SECONDS)
     assert c.nomination(p.uid) is None and filter_node(other, c.state("nv"), ENGINE.policy).passed
+
+
+def test_a_refused_eviction_stops_the_rest_and_withdraws_the_hold():
+    c = cluster([nvlink_node({0: "a", 1: "b", 2: "c", 3: "d"})], [bound(pod(name=x), "nv", 1) for x in "abcd"])
+
+    class Refusing(FakeApi):
+        def evict(self, namespace, name, uid):
+            self.calls.append(("evict", f"{namespace}/{name}"))
+            return "refused"
+    api = Refusing()
+    assert Preemptor(FakeService(c), lambda: [Rejected(_high())], api).check() == []
+    assert [x for x in api.calls if x[0] in ("evict", "nominate")] == [
+        ("nominate", "default/high", "nv"), ("evict", "default/a"), ("nominate", "default/high", None)]
+
+
+def test_only_the_nodes_kube_scheduler_sent_with_the_pod_are_searched():
+    c = cluster([nvlink_node({0: "a", 3: "b"}), node_obj("other", pairs_topology(4, **A100))],
+                [bound(pod(name="a"), "nv", 1), bound(pod(name="b"), "nv", 1)])
+    c.replace_nodes([nvlink_node({0: "a", 3: "b"}), node_obj("other", [
+        {**g, "allocatedTo": "default/x"} for g in pairs_topology(4, **A100)])])
+    c.apply_pod_event("ADDED", bound(pod(gpus=4, name="x"), "other", 5))
+    high = Rejected(_high())
+    high.names = ("other",)  # its nodeSelector, say, leaves only "other": nv is not for it
+    api = FakeApi()
+    assert Preemptor(FakeService(c), lambda: [high], api).check()[0].node == "other"
+    high.names = ("nv", "other")
+    api = FakeApi()
+    assert Preemptor(FakeService(c), lambda: [high], api).check()[0].node == "nv"  # a victim of lower priority
+
+
+def test_a_replica_that_does_not_serve_kube_scheduler_neither_takes_nor_renews_the_lease():
+    from kubernetes.leaderelection import electionconfig
+
+    from scheduler_extender.cluster.preemption import _ServingElection
+
+    class Lock:
+        name, namespace, identity = "lease", "ns", "me"
+
+        def get(self, name, namespace):
+            raise AssertionError("a replica that does not serve must not touch the Lease")
+    config = electionconfig.Config(Lock(), 15, 10, 2, lambda: None, lambda: None)
+    assert _ServingElection(config, lambda: False).try_acquire_or_renew() is False

@@ -188,7 +188,7 @@ extenders:
   {{- end }}
   {{- if .Values.extender.preemption.enabled }}
   {{- /* kube-scheduler's own preemption, where its count finds victims: the extender keeps the
-  victim sets that make room by its filter and adds the pods the count missed (POST /preempt). */}}
+  victim sets that make room by its filter and drops the others (POST /preempt). */}}
   preemptVerb: preempt
   {{- end }}
   nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
