@@ -134,8 +134,10 @@ class GpuplacePolicy:
     ``/prioritize``) over one engine state per class of simulated nodes."""
 
     def __init__(self, engine: Engine, name: str = "gpuplace", extender_weight: float = EXTENDER_WEIGHT,
-                 filter_returns_best: bool = True, cpu_only_pods: bool = True) -> None:
+                 filter_returns_best: bool = True, cpu_only_pods: bool = True, defrag: bool = False) -> None:
         self.name = name
+        # Replay mode: plan room for waiting whole-GPU pods by moving running ones (``simulator.defrag``).
+        self.defrag = defrag
         # As the chart installs the extender (scheduler.extender.cpuOnlyPods): kube-scheduler asks it
         # about pods without GPUs too; False: the default profile places them alone.
         self.cpu_only_pods = cpu_only_pods

@@ -85,6 +85,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                         "auto: the share of the pod list's milli-GPUs that sharing pods ask for)")
     s.add_argument("--replicas", type=int, default=None, metavar="N",
                    help="with --sharing device-plugin: time-slicing replicas per GPU (default 4)")
+    s.add_argument("--defrag", action="store_true",
+                   help="with --mode replay: also run gpuplace with defragmentation, as the policy gpuplace+defrag "
+                        "next to gpuplace: after each arrival or departure that leaves a whole-GPU pod waiting, "
+                        "the extender's planner (gpuplace defrag) finds the fewest moves of running GPU pods (all "
+                        "treated as movable, recreated by a controller) that make room for it on one node; the "
+                        "moved pods restart at once on their destinations with their remaining run time, the "
+                        "waiting pod starts on the room made; the report adds the moves (docs/simulator.md#defragmentation)")
     s.add_argument("--json", metavar="FILE", help="write the report as JSON")
     s.add_argument("--charts", metavar="DIR",
                    help="write gpu_milli_allocation.png, allocation_ratio.png and stranded_by_model.png")
@@ -196,6 +203,8 @@ def _setup(args: argparse.Namespace) -> _Setup:
         baselines = _baselines(args.baselines)
         if args.repeats < 1:
             raise ValueError("--repeats must be >= 1")
+        if args.defrag and args.mode != "replay":
+            raise ValueError("--defrag applies with --mode replay only (in fill mode no pod waits)")
         policy = load_policy(None if args.policy == "default" else args.policy)
     except (ValueError, PolicyError) as e:
         raise _Refused(str(e)) from None
@@ -248,6 +257,7 @@ def _pods_for(args: argparse.Namespace, trace: list[Any], capacity: int, capacit
 def _policies(args: argparse.Namespace, setup: _Setup) -> list[Any]:
     """gpuplace (as the chart installs the extender, or as the flags say) and the baselines."""
     from scheduler_extender.simulator.baselines import EXTENDER_WEIGHT, GpuplacePolicy, KubeBaseline
+    from scheduler_extender.simulator.defrag import DEFRAG_POLICY
     from scheduler_extender.simulator.fgd import FgdPolicy
     from scheduler_extender.simulator.workload import llm_pods
 
@@ -255,8 +265,11 @@ def _policies(args: argparse.Namespace, setup: _Setup) -> list[Any]:
     # FGD's target workload: the pod list (as FGD takes it, before tuning); for the generator, a
     # sample of its stream at the first seed (every seed draws from the same distribution).
     target = setup.trace or [p for p, _ in zip(llm_pods(args.seed), range(LLM_TARGET_PODS))]
-    return [GpuplacePolicy(setup.engine, extender_weight=weight, filter_returns_best=args.filter_returns_best,
-                           cpu_only_pods=args.cpu_only_pods),
+    gpuplace = [GpuplacePolicy(setup.engine, name=name, extender_weight=weight,
+                               filter_returns_best=args.filter_returns_best, cpu_only_pods=args.cpu_only_pods,
+                               defrag=name == DEFRAG_POLICY)
+                for name in ("gpuplace", *((DEFRAG_POLICY,) if args.defrag else ()))]
+    return [*gpuplace,
             *(FgdPolicy(target) if b == "fgd" else KubeBaseline(b, setup.catalog) for b in setup.baselines)]
 
 

@@ -9,6 +9,8 @@ JSON shape (``to_json``)::
                                 "premium_gpu_hours_wasted": mean, "cost_per_hour": mean, ...,
                                 "stranded_by_model": {model: mean},
                                 "stranded_by_cause": {cause: mean} (``run.STRANDED_CAUSES``),
+                                "defrag_moves": mean, "defrag_started": mean (``OPTIONAL_METRICS``:
+                                                  policy gpuplace+defrag only),
                                 "spread": {metric: sample standard deviation over seeds}}}},
      "curves": {NAME: {"arrived_percent": [0, 1, ...], "allocation_percent": [mean, ...],
                        "spread": [...]}} (fill mode: FGD's allocation rate at each whole
@@ -35,6 +37,8 @@ METRICS = ("gpu_milli_allocation_ratio", "allocation_ratio", "stranded_gpus", "p
            "allocated_gpu_milli", "arrived_ratio", "cpu_only_placed", "cpu_only_unplaced",
            "queue_delay_hours_mean", "queue_delay_hours_max", "overcommitted_gpus",
            "overcommitted_pods", "overcommitted_milli", "safe_allocation_ratio")
+OPTIONAL_METRICS = ("defrag_moves", "defrag_started")
+"""Metrics of one policy only (``gpuplace+defrag``, replay): in the JSON where a seed has them, else left out."""
 
 
 def load_key(load: float) -> str:
@@ -47,7 +51,7 @@ def aggregate(snaps: Sequence[Snapshot]) -> dict[str, Any]:
     """Mean of each metric over seeds, and its spread (sample standard deviation; 0 for one seed)."""
     out: dict[str, Any] = {}
     spread: dict[str, float | None] = {}
-    for m in METRICS:
+    for m in (*METRICS, *(m for m in OPTIONAL_METRICS if any(getattr(s, m) is not None for s in snaps))):
         values = [getattr(s, m) for s in snaps if getattr(s, m) is not None]
         if not values:
             out[m] = None
@@ -79,10 +83,15 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "curves": {name: aggregate_curves(curves) for name, curves in result.curves.items()},
         "seeds": result.seeds,
         "run_seconds": {k: round(v, 3) for k, v in result.seconds.items()},
-        "per_seed": {name: {load_key(l): [asdict(s) for s in snaps] for l, snaps in by_load.items()}
+        "per_seed": {name: {load_key(l): [_per_seed(s) for s in snaps] for l, snaps in by_load.items()}
                      for name, by_load in result.snapshots.items()},
         "meta": result.meta,
     }
+
+
+def _per_seed(snap: Snapshot) -> dict[str, Any]:
+    """One seed's ``Snapshot``, less the ``OPTIONAL_METRICS`` it does not have."""
+    return {k: v for k, v in asdict(snap).items() if v is not None or k not in OPTIONAL_METRICS}
 
 
 def write_json(result: RunResult, path: str | Path) -> None:
@@ -109,6 +118,9 @@ def render_table(result: RunResult) -> str:
             "OOM risk", "premium GPU-h wasted", "premium GPU-h (cheaper model fits)", "$/h"]
     if mode == "replay":
         cols.append("queue h (mean)")
+    defrag = any("defrag_moves" in a for by_load in doc["policies"].values() for a in by_load.values())
+    if defrag:
+        cols += ["queue h (max)", "moves", "started by a plan"]
     device_plugin = result.meta.get("sharing") == "device-plugin"
     if device_plugin:
         cols += ["over-committed GPUs (pods)", "safe milli-alloc"]
@@ -128,6 +140,9 @@ def render_table(result: RunResult) -> str:
                    _fmt(a["cost_per_hour"], sp["cost_per_hour"], ".0f")]
             if mode == "replay":
                 row.append(_fmt(a["queue_delay_hours_mean"], sp["queue_delay_hours_mean"], ".2f"))
+            if defrag:
+                row.append(_fmt(a["queue_delay_hours_max"], sp["queue_delay_hours_max"], ".2f"))
+                row += [_fmt(a.get(m), sp.get(m), ".0f") for m in OPTIONAL_METRICS]
             if device_plugin:
                 row.append(f'{_fmt(a["overcommitted_gpus"], sp["overcommitted_gpus"], ".0f")} '
                            f'({_fmt(a["overcommitted_pods"], sp["overcommitted_pods"], ".0f")})')
@@ -144,7 +159,9 @@ def render_table(result: RunResult) -> str:
                + "; occupied: GPUs with any share taken / GPUs"
                + ("; over-committed GPUs: time-sliced GPUs whose holders' shares exceed them (the device plugin "
                   "picks the GPU), and the pods on them; safe milli-alloc: milli-GPUs of the placed pods at the "
-                  "snapshot less those of pods on over-committed GPUs, over GPUs x 1000" if device_plugin else ""))
+                  "snapshot less those of pods on over-committed GPUs, over GPUs x 1000" if device_plugin else "")
+               + ("; moves: running pods moved to make room for waiting ones (gpuplace+defrag), started by a "
+                  "plan: the waiting pods started on that room" if defrag else ""))
     out.append(f"seeds {', '.join(map(str, result.seeds))}; run time per policy: {secs}; "
                f"total {sum(result.seconds.values()):.1f} s")
     return "\n".join(out)

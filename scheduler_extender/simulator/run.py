@@ -49,7 +49,9 @@ Metrics per run and load (``Snapshot``):
   unknown, and a node of that model with enough GPUs), free or not: includes the premium GPUs a
   pod takes as a last resort when every cheaper one that fits is busy;
 - ``cost_per_hour``: USD per hour of the occupied GPUs (policy prices; replay: time average);
-- ``queue_delay_hours_mean`` / ``_max`` (replay) of the pods that started.
+- ``queue_delay_hours_mean`` / ``_max`` (replay) of the pods that started;
+- ``defrag_moves`` / ``defrag_started`` (replay, policy ``gpuplace+defrag``: ``simulator.defrag``):
+  running pods moved to make room for waiting ones, and the waiting pods started on that room.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.job import Job
 from scheduler_extender.simulator.baselines import PlacementPolicy
 from scheduler_extender.simulator.cluster import Cluster
+from scheduler_extender.simulator.defrag import PLANS_PER_EVENT, Defrag
 from scheduler_extender.simulator.model import SimNode, SimPod
 
 Progress = Callable[[int], None]
@@ -109,6 +112,8 @@ class Snapshot:
     overcommitted_pods: int = 0  # the pods holding shares of those GPUs
     overcommitted_milli: int = 0  # the milli-GPUs they asked for
     safe_allocation_ratio: float | None = None  # fill: (allocated_gpu_milli - overcommitted_milli) / fleet milli
+    defrag_moves: int | None = None  # replay with defragmentation: pods moved (``simulator.defrag``)
+    defrag_started: int | None = None  # ... and waiting pods started on the room a plan made
 
 
 class Judge:
@@ -406,7 +411,8 @@ def replay_time_scale(pods: Sequence[SimPod], load: float, capacity: int) -> flo
 
 def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: PlacementPolicy, engine: Engine,
                load: float, seed: int, progress: Progress | None = None) -> Snapshot:
-    """Replay mode (module docstring) at one load."""
+    """Replay mode (module docstring) at one load; with defragmentation when ``policy.defrag``
+    (``simulator.defrag``: after each event that leaves a GPU pod waiting)."""
     cluster = Cluster(nodes, engine.catalog, engine.policy)
     judge = Judge(engine, nodes, cluster)
     rng = random.Random(seed * 7919 + 1)
@@ -423,6 +429,8 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
     started: list[Placement] = []
     delays: list[float] = []
     seq = itertools.count()
+    running: dict[str, Placement] = {}  # pod name -> its placement, while it runs
+    defrag = Defrag(policy, cluster) if getattr(policy, "defrag", False) else None  # type: ignore[arg-type]
     now = 0.0
     alloc_integral = milli_integral = cost_integral = 0.0
 
@@ -435,19 +443,41 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
             cost_integral += cluster.cost_per_hour * (t - now)
             now = t
 
-    def try_place(pod: SimPod, arrived: float, t: float) -> bool:
-        choice = policy.choose(pod, cluster, rng)
-        if choice is None:
-            return False
-        i, units = choice
+    def start(pod: SimPod, arrived: float, t: float, i: int, units: tuple[Unit, ...]) -> None:
         units = cluster.granted(i, pod, units, rng)
         cheaper = judge.cheaper_free(pod, units, cluster)
         cluster.place(i, pod, units)
         p = Placement(pod, i, units, t, cheaper)
         started.append(p)
         delays.append(t - arrived)
+        running[pod.name] = p
         heapq.heappush(departures, (t + pod.duration_s, next(seq), p))
+
+    def try_place(pod: SimPod, arrived: float, t: float) -> bool:
+        choice = policy.choose(pod, cluster, rng)
+        if choice is None:
+            return False
+        start(pod, arrived, t, *choice)
         return True
+
+    def make_room(t: float) -> None:
+        """Defragmentation: plans for the longest-waiting pods a plan may help (``Defrag.worth_trying``),
+        in queue order, until ``PLANS_PER_EVENT`` planner calls found no plan."""
+        nonlocal queue
+        failed = 0
+        waiting: list[tuple[SimPod, float]] = []
+        for k, (q, arrived) in enumerate(queue):
+            if failed == PLANS_PER_EVENT:
+                waiting += queue[k:]
+                break
+            if defrag.worth_trying(q):  # type: ignore[union-attr]
+                choice = defrag.make_room(q, running)  # type: ignore[union-attr]
+                if choice is not None:
+                    start(q, arrived, t, *choice)
+                    continue
+                failed += 1
+            waiting.append((q, arrived))
+        queue = waiting
 
     for n, (t, _, pod) in enumerate(arrivals):
         while departures and departures[0][0] <= t:
@@ -455,6 +485,7 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
             advance(dt_)
             i = p.node
             cluster.release(i, p.pod, p.units)
+            running.pop(p.pod.name, None)
             # Queued pods fitted nowhere before; only node i changed, so only it can take one now.
             blocked: set[tuple] = set()
             waiting: list[tuple[SimPod, float]] = []
@@ -466,9 +497,13 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
                         blocked.add(q.shape)  # placements only use capacity: the same shape fails again
                     waiting.append((q, arrived))
             queue = waiting
+            if defrag is not None and any(q.gpus for q, _ in queue):
+                make_room(dt_)
         advance(t)
         if not try_place(pod, t, t):
             queue.append((pod, t))
+            if defrag is not None and pod.gpus:
+                make_room(t)
         if progress is not None and n % 200 == 0:
             progress(n)
     stranded, by_model, by_cause = _stranded(cluster, policy, (q for q, _ in queue if q.gpus))
@@ -488,6 +523,8 @@ def run_replay(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy: Placeme
         stranded_by_model=by_model, stranded_by_cause=by_cause,
         queue_delay_hours_mean=(sum(delays) / len(delays) / 3600) if delays else None,
         queue_delay_hours_max=(max(delays) / 3600) if delays else None,
+        defrag_moves=None if defrag is None else defrag.moves,
+        defrag_started=None if defrag is None else defrag.started,
         **_overcommit(cluster),
     )
 
