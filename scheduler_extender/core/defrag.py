@@ -148,6 +148,15 @@ def plan_room(job: Job, pending: str, snapshot: Snapshot, movable: Sequence[Mova
 
 
 
+def host_fits(job: Job, state: NodeState) -> bool:
+    """Whether the node's free CPU and memory hold the pod's requests, as kube-scheduler's
+    NodeResourcesFit checks them (the filter reads devices only); an unknown (None) one is not
+    checked. A replacement placed where its CPU or memory does not fit would wait."""
+    cpu, mem = state.cpu_milli_free, state.memory_bytes_free
+    return ((cpu is None or (job.cpu_milli or 0) <= cpu)
+            and (mem is None or (job.memory_bytes or 0) <= mem))
+
+
 class _Search:
     """One pending pod's search: the snapshot through the overlay, with the moves being tried."""
 
@@ -182,7 +191,7 @@ class _Search:
                 return False
         st = self.overlay.state(self.snapshot, node, frozenset(self.without.get(node, ())) | without,
                                 self.added.get(node, ()))
-        return st is not None and filter_node(job, st, self.policy, self.now).passed
+        return st is not None and host_fits(job, st) and filter_node(job, st, self.policy, self.now).passed
 
     def plans(self, job: Job, pending: str, node: str, k: int) -> Iterator[DefragPlan]:
         """Plans of exactly ``k`` moves giving ``job`` room on ``node``."""

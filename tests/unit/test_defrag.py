@@ -193,3 +193,17 @@ def test_a_replacement_that_fits_nowhere_gets_room_made_for_it_by_one_more_move(
     first, second = plan.moves
     assert (first.pod.key, second.pod.node) == ("default/c1", first.destination)
     assert second.destination not in (first.destination, "c")
+
+
+def test_a_replacement_goes_only_where_its_cpu_and_memory_fit_too():
+    # b has the GPU free for a1 but not the CPU (kube-scheduler's NodeResourcesFit would refuse it)
+    layout = {"a": (4, [("a1", [0])]), "b": (4, [("b1", [0, 1, 2])]), "c": (4, [("c1", [0, 1, 2])])}
+    c, movable = fleet(layout)
+    job = ENGINE.job(as_pod(pod(gpus=4, name="big")))
+    assert plan_room(job, "default/big", c, movable, ENGINE.policy).moves[0].destination in ("b", "c")
+    nodes = [node_obj(n, 4, {i: name for name, idx in h for i in idx}) for n, (_, h) in layout.items()]
+    for node in nodes:
+        node["status"]["allocatable"]["cpu"] = "64" if node["metadata"]["name"] != "b" else "150m"
+    c.replace_nodes(nodes)  # every pod asks 100m CPU: b has 150m, b1 takes 100m, 50m is left
+    plan = plan_room(job, "default/big", c, movable, ENGINE.policy)
+    assert plan is not None and [m.destination for m in plan.moves] == ["c"]
