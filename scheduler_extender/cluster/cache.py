@@ -525,6 +525,15 @@ class ClusterCache:
             out.append(None if cap is None else cap - sum(u or 0 for u in used))
         return out[0], out[1]
 
+    def _build_state(self, node: _Node, without: frozenset[str] = frozenset(),
+                     added: Mapping[str, _Reserved] | None = None) -> NodeState:
+        """``node``'s state from its pods, reservations and nominations, the pods of ``without``
+        (uids) gone and ``added`` held there as reservations are. Call with the lock held."""
+        cpu, mem = self._host_free(node, without, added)
+        return NodeState(name=node.name, view=node.view, allocation=self._allocation(node, without, added),
+                         inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
+                         cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
+
     def state(self, name: str) -> NodeState | None:
         """The node's current state, or None if the node is unknown."""
         with self._lock:
@@ -534,43 +543,26 @@ class ClusterCache:
             node = self._nodes.get(name)
             if node is None:
                 return None
-            cpu, mem = self._host_free(node)
-            st = NodeState(name=name, view=node.view, allocation=self._allocation(node), inventory_error=node.error,
-                           cpu_milli_free=cpu, memory_bytes_free=mem,
-                           cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
-            self._states[name] = st
+            st = self._states[name] = self._build_state(node)
             return st
 
     def state_without(self, name: str, uids: frozenset[str]) -> NodeState | None:
         """The node's state with the pods (bound, reserved or nominated) of ``uids`` gone: their
         devices, shares, CPU and memory free (``core.preemption``'s ``state_without``); the
         current state for no uid; None if the node is unknown. Not kept."""
-        if not uids:
-            return self.state(name)
-        with self._lock:
-            node = self._nodes.get(name)
-            if node is None:
-                return None
-            cpu, mem = self._host_free(node, uids)
-            return NodeState(name=name, view=node.view, allocation=self._allocation(node, uids),
-                             inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
-                             cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
+        return self.state_with(name, uids, ())
 
     def state_with(self, name: str, without: frozenset[str], added: Iterable[tuple[str, Job]]) -> NodeState | None:
         """The node's state with the pods of ``without`` (uids) gone and ``added`` ((uid, job):
         a replacement, a pending pod given room) held there as reservations are
-        (``core.defrag``'s ``Snapshot``); None if the node is unknown. Not kept."""
+        (``core.defrag``'s ``Snapshot``); the current state for neither; None if the node is
+        unknown. Not kept."""
         extra = {uid: _reserved_entry(uid, job) for uid, job in added}
-        if not extra:
-            return self.state_without(name, without)
+        if not extra and not without:
+            return self.state(name)
         with self._lock:
             node = self._nodes.get(name)
-            if node is None:
-                return None
-            cpu, mem = self._host_free(node, without, extra)
-            return NodeState(name=name, view=node.view, allocation=self._allocation(node, without, extra),
-                             inventory_error=node.error, cpu_milli_free=cpu, memory_bytes_free=mem,
-                             cpu_milli_allocatable=node.host[0], memory_bytes_allocatable=node.host[1])
+            return None if node is None else self._build_state(node, without, extra)
 
     def bound_pods(self, name: str) -> list[BoundPod]:
         """The pods bound to node ``name`` that hold devices there (``_Pod``), by uid order."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from scheduler_extender.cluster.cache import TERMINAL_PHASES, ClusterCache
-from scheduler_extender.cluster.preemption import PreemptionApi, protecting_budget
+from scheduler_extender.cluster.preemption import ANY_NODE, PreemptionApi, protecting_budget
 from scheduler_extender.core.defrag import DefragPlan, Movable, Overlay, plan_room
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.pod import PodShapeError, as_pod
@@ -342,32 +342,19 @@ def what_would_free(engine: Engine, cache: ClusterCache, pods: Sequence[Mapping[
     defragmentation would move (``make_plans``'s plan for it, the pods waiting before it planned
     first). Shape: ``{"preemption": {"node", "victims": [...]} | {"reason"}, "defragmentation":
     {"node", "moves": [{"pod", "from", "to", "devices"}]} | {"reason"}}``."""
-    from scheduler_extender.core.filter import filter_node
-    from scheduler_extender.core.preemption import Candidate, NoPreemption, best_preemption, choose_victims, resolvable_only
+    from scheduler_extender.cluster.preemption import plan_preemption
+    from scheduler_extender.served.grouped import as_grouped
     job = engine.job(pod, cache.namespace_labels(pod.namespace))
     out: dict[str, Any] = {}
-    choices: list[Any] = []
-    for name in cache.node_names():
-        st = cache.state(name)
-        if st is None:
-            continue
-        result = filter_node(job, st, engine.policy)
-        if result.passed:
-            return {"preemption": {"reason": f"fits on {name} now: nothing to evict"},
-                    "defragmentation": {"reason": f"fits on {name} now: nothing to move"}}
-        if not resolvable_only(result):
-            continue
-        candidates = [Candidate(b.uid, b.key, b.priority) for b in cache.bound_pods(name)
-                      if not b.terminating and protecting_budget(b.key.split("/", 1)[0], b.labels, budgets) is None]
-        choices.append(choose_victims(job, pod.priority, name, candidates,
-                                      lambda uids, name=name: cache.state_without(name, uids), engine.policy))
-    best = best_preemption(choices)
+    best, refusals = plan_preemption(as_grouped(engine), cache, pod, job, budgets)
     if best is not None:
         out["preemption"] = {"node": best.node, "victims": [v.key for v in best.victims]}
     else:
-        refusals = [f"{c.node}: {c.reason}" for c in choices if isinstance(c, NoPreemption)]
-        out["preemption"] = {"reason": "; ".join(refusals[:4]) if refusals else
-                             "no node refuses it for a reason evictions can fix"}
+        out["preemption"] = {"reason": "; ".join(c.reason if c.node == ANY_NODE else f"{c.node}: {c.reason}"
+                                                 for c in refusals[:4])}
+        if refusals and refusals[0].reason.startswith("fits on "):
+            out["defragmentation"] = {"reason": refusals[0].reason.replace("evict", "move")}
+            return out
     key = _key({"metadata": {"namespace": pod.namespace, "name": pod.name}})
     if pod.spec.node_name:
         out["defragmentation"] = {"reason": "bound already"}

@@ -138,6 +138,44 @@ def protecting_budget(namespace: str, labels: Mapping[str, str], budgets: Sequen
     return None
 
 
+def plan_preemption(engine: Any, cache: Any, pod: Pod, job: Any, budgets: Sequence[Mapping[str, Any]],
+                    names: Sequence[str] | None = None, now: dt.datetime | None = None
+                    ) -> tuple[NodePreemption | None, list[NoPreemption]]:
+    """The node and victims for ``pod`` (resolved as ``job``) on ``cache``'s view, or None with each
+    searched node's reason (module docstring). ``names``: the nodes kube-scheduler sent with the
+    pod (those its own filters pass: node selectors, affinity, taints, CPU and memory); None: every
+    node. The pod's own hold (a nomination) does not count against it. Where it fits on a node
+    already, nothing: one ``NoPreemption`` for ``ANY_NODE`` saying where. The preemption
+    controller decides with it, and ``gpuplace explain`` says what it would do."""
+    names = sorted(n for n in (set(names) if names is not None else cache.node_names()) if cache.has_node(n))
+    own = frozenset({pod.uid}) if pod.uid else frozenset()
+    held = cache.nomination(pod.uid)  # its own hold, where it has one, does not count against it
+    grouped = engine.filter_grouped(job, [cache.state_without(n, own) if n == held else cache.state(n)
+                                          for n in names], now)
+    fits = next((n for n, g in zip(names, grouped.group_of) if grouped.results[g].passed), None)
+    if fits is not None:  # the view changed since the pod was refused: nothing to evict
+        return None, [NoPreemption(ANY_NODE, f"fits on {fits} now: nothing to evict")]
+    failing = [n for n, g in zip(names, grouped.group_of) if resolvable_only(grouped.results[g])]
+    if not failing:
+        reasons = {grouped.results[g].reason for g in grouped.group_of if not grouped.results[g].passed}
+        return None, [NoPreemption(ANY_NODE, "no node refuses it for a reason evictions can fix: "
+                                        + "; ".join(sorted(reasons))[:300])]
+    choices: list[NodePreemption | NoPreemption] = []
+    for node in failing[:MAX_NODES_SEARCHED]:
+        bound = cache.bound_pods(node)
+        if any(b.terminating and b.priority < pod.priority for b in bound):
+            choices.append(NoPreemption(node, "lower-priority pods are being deleted here already"))
+            continue
+        candidates = [Candidate(b.uid, b.key, b.priority) for b in bound
+                      if not b.terminating and b.priority < pod.priority
+                      and protecting_budget(b.key.split("/", 1)[0], b.labels, budgets) is None]
+
+        def without(uids: frozenset[str], node: str = node) -> Any:
+            return cache.state_without(node, uids | own)
+        choices.append(choose_victims(job, pod.priority, node, candidates, without, engine.policy, now))
+    return best_preemption(choices), [c for c in choices if isinstance(c, NoPreemption)]
+
+
 class Preemptor:
     """The controller's decisions and actions (module docstring); ``check`` runs one pass."""
 
@@ -164,43 +202,9 @@ class Preemptor:
 
     def plan(self, pod: Pod, job: Any, budgets: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None
              ) -> tuple[NodePreemption | None, list[NoPreemption]]:
-        """The node and victims for ``pod`` (resolved as ``job``), or None with each searched node's
-        reason; reads the extender's current view only. ``names``: the nodes kube-scheduler sent
-        with the pod (those its own filters pass: node selectors, affinity, taints, CPU and
-        memory); None: every node. The pod's own hold (a nomination) does not count against it."""
+        """``plan_preemption`` on the extender's current view."""
         service = self._service
-        source, engine = service.source, service.engine
-        cache = source.cache
-        names = sorted(n for n in (set(names) if names is not None else source.node_names()) if cache.has_node(n))
-        now = source.now()
-        own = frozenset({pod.uid}) if pod.uid else frozenset()
-        held = cache.nomination(pod.uid)  # its own hold, where it has one, does not count against it
-        grouped = engine.filter_grouped(job, [cache.state_without(n, own) if n == held else cache.state(n)
-                                              for n in names], now)
-        failing = [n for n, g in zip(names, grouped.group_of) if resolvable_only(grouped.results[g])]
-        if not failing:
-            reasons = {grouped.results[g].reason for g in grouped.group_of if not grouped.results[g].passed}
-            return None, [NoPreemption(ANY_NODE, "no node refuses it for a reason evictions can fix: "
-                                            + "; ".join(sorted(reasons))[:300])]
-        choices: list[NodePreemption | NoPreemption] = []
-        for node in failing[:MAX_NODES_SEARCHED]:
-            bound = cache.bound_pods(node)
-            if any(b.terminating and b.priority < pod.priority for b in bound):
-                choices.append(NoPreemption(node, "lower-priority pods are being deleted here already"))
-                continue
-            candidates = []
-            for b in bound:
-                if b.terminating or b.priority >= pod.priority:
-                    continue
-                ns = b.key.split("/", 1)[0]
-                if protecting_budget(ns, b.labels, budgets) is None:
-                    candidates.append(Candidate(b.uid, b.key, b.priority))
-
-            def without(uids: frozenset[str], node: str = node) -> Any:
-                return cache.state_without(node, uids | own)
-            choices.append(choose_victims(job, pod.priority, node, candidates, without, engine.policy, now))
-        best = best_preemption(choices)
-        return best, [c for c in choices if isinstance(c, NoPreemption)]
+        return plan_preemption(service.engine, service.source.cache, pod, job, budgets, names, service.source.now())
 
     def check(self) -> list[NodePreemption]:
         """One pass (module docstring): the preemptions started, in order. Blocking (API calls):

@@ -484,3 +484,11 @@ def test_a_replica_that_does_not_serve_kube_scheduler_neither_takes_nor_renews_t
             raise AssertionError("a replica that does not serve must not touch the Lease")
     config = electionconfig.Config(Lock(), 15, 10, 2, lambda: None, lambda: None)
     assert _ServingElection(config, lambda: False).try_acquire_or_renew() is False
+
+
+def test_a_refused_pod_that_fits_somewhere_now_evicts_nothing():
+    # the view changed since the pod was refused: a node with a free NVLink pair came
+    c = cluster([nvlink_node({0: "low-a", 3: "low-b"}), node_obj("spare", pairs_topology(2, **A100))],
+                [bound(pod(name="low-a"), "nv", 1), bound(pod(name="low-b"), "nv", 1)])
+    api = FakeApi()
+    assert Preemptor(FakeService(c), lambda: [Rejected(_high())], api).check() == [] and api.calls == []

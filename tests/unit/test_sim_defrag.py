@@ -128,6 +128,16 @@ def test_moves_are_carried_out_without_holding_a_gpu_twice_on_a_busy_mixed_repla
     assert s.placed + s.unplaced == sum(1 for p in pods if p.gpus)
 
 
+def place_each(c, pods):
+    """Pod k on node k, on the units the device plugin would give it: the running pods by name."""
+    running = {}
+    for i, p in enumerate(pods):
+        units = c.units_for(i, p)
+        c.place(i, p, units)
+        running[p.name] = Placement(p, i, units, 0.0)
+    return running
+
+
 def test_a_plan_that_would_leave_a_node_short_of_cpu_is_refused_and_nothing_moves():
     nodes = [node("a", "a10", 2, cpu=8000), node("b", "a10", 2, cpu=8000)]
     c = Cluster(nodes, CAT, ENGINE.policy)
@@ -135,11 +145,7 @@ def test_a_plan_that_would_leave_a_node_short_of_cpu_is_refused_and_nothing_move
     # a holds x (1 GPU, 1 CPU), b holds y (1 GPU, all 8 CPUs): moving x to b leaves b short of CPU,
     # moving y to a leaves a short of CPU
     x, y = SimPod("x", 1, cpu_milli=1000), SimPod("y", 1, cpu_milli=8000)
-    running = {}
-    for i, p in ((0, x), (1, y)):
-        units = c.units_for(i, p)
-        c.place(i, p, units)
-        running[p.name] = Placement(p, i, units, 0.0)
+    running = place_each(c, (x, y))
     d = Defrag(pol, c)
     free_before = c.milli_free.copy()
     assert d.make_room(SimPod("big", 2, cpu_milli=1000), running) is None
@@ -148,11 +154,7 @@ def test_a_plan_that_would_leave_a_node_short_of_cpu_is_refused_and_nothing_move
     check_bookkeeping(c, running)
     # without the CPU limit the same cluster gets room by one move
     c2 = Cluster([node("a", "a10", 2), node("b", "a10", 2)], CAT, ENGINE.policy)
-    running2 = {}
-    for i, p in ((0, x), (1, y)):
-        units = c2.units_for(i, p)
-        c2.place(i, p, units)
-        running2[p.name] = Placement(p, i, units, 0.0)
+    running2 = place_each(c2, (x, y))
     d2 = Defrag(pol, c2)
     choice = d2.make_room(SimPod("big", 2), running2)
     assert choice is not None and d2.moves == 1 and len(choice[1]) == 2
