@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import ssl
@@ -111,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preemption-lease", default=None, metavar="NAMESPACE/NAME",
                    help="the coordination.k8s.io Lease the replicas elect the preempting one on (default: "
                         "$POD_NAMESPACE/gpuplace-extender-preemption, namespace default without POD_NAMESPACE)")
+    dra = p.add_argument_group(
+        "Dynamic Resource Allocation", "pods whose GPUs come from ResourceClaims (docs/dra.md)")
+    dra.add_argument("--dra", action=argparse.BooleanOptionalAction, default=False,
+                     help="cluster mode: also list and watch ResourceSlices and ResourceClaims (resource.k8s.io/v1) "
+                          "and decide the pods whose claims gpuplace wrote on the devices still free in their "
+                          "nodes' slices; needs get/list/watch on both (default: off)")
+    dra.add_argument("--dra-drivers", metavar="FILE",
+                     help="YAML of DRA driver attribute mappings to add to the shipped ones (gpu.nvidia.com, "
+                          "test-driver.cdi.k8s.io; form as the package's data/dra-drivers.yaml)")
+    dra.add_argument("--claim-webhook-port", type=int, default=0, metavar="PORT",
+                     help="with --dra: serve the claim webhook, POST /mutate/resourceclaims (AdmissionReview v1), "
+                          "over HTTPS with --tls-cert-file on PORT without asking for a client certificate "
+                          "(kube-apiserver presents none); writes each GPU request of a pod's claim as "
+                          "firstAvailable alternatives in gpuplace's order (default: 0, off)")
     p.add_argument("--watch-timeout-seconds", type=int, default=WATCH_TIMEOUT_SECONDS,
                    help=f"cluster mode: server-side length of each watch request before it is renewed from the last "
                         f"resourceVersion (default: {WATCH_TIMEOUT_SECONDS})")
@@ -431,7 +446,59 @@ def _cluster_service(args: argparse.Namespace, engine: Engine, catalog: Any, met
         background.append(service.requeue.run)
     if args.preemption:
         background.append(_preemption(args, service, metrics))
+    if args.dra:
+        _start_dra(args, service, catalog, metrics, watch.stop_event)
     return service, policy_watcher
+
+
+def _start_dra(args: argparse.Namespace, service: ExtenderService, catalog: Any, metrics: ExtenderMetrics,
+               stop: threading.Event) -> None:
+    """The ResourceSlice and ResourceClaim watches into ``service.dra`` (``cluster.dra``).
+
+    Raises:
+        UsageError: --dra-drivers cannot be read.
+    """
+    from kubernetes import client
+
+    from scheduler_extender.cluster.dra import DraFleet, watchers
+    api = client.ResourceV1Api(client.ApiClient())
+    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers))
+    for w in watchers(fleet, api.list_resource_slice, api.list_resource_claim_for_all_namespaces, stop,
+                      on_relist=lambda kind: metrics.relists.labels(kind).inc(),
+                      watch_timeout_seconds=args.watch_timeout_seconds):
+        threading.Thread(target=w.run, name=f"watch-{w.kind}", daemon=True).start()
+    service.dra = fleet
+
+
+def dra_drivers(path: str | None) -> Any:
+    """The shipped DRA driver mappings with those of ``path`` added (``core.dra_slices.drivers_with_file``).
+
+    Raises:
+        UsageError: the file cannot be read or is not a driver table (the field named).
+    """
+    from scheduler_extender.core.dra_slices import DriverTableError, drivers_with_file
+    try:
+        return drivers_with_file(path)
+    except DriverTableError as e:
+        raise UsageError(f"--dra-drivers {e}") from None
+
+
+def _pod_reader() -> Callable[[str, str], Any]:
+    """``read(namespace, name)``: the pod as decoded JSON, None when it does not exist; raises on
+    any other API error (the claim webhook then refuses, and the controller retries)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    core = client.CoreV1Api(client.ApiClient())
+
+    def read(namespace: str, name: str) -> Any:
+        try:
+            resp = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=(2, 5))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return json.loads(resp.data)
+    return read
 
 
 def _preemption(args: argparse.Namespace, service: ExtenderService, metrics: ExtenderMetrics
@@ -495,6 +562,22 @@ def _serve_http(args: argparse.Namespace, service: ExtenderService, metrics: Ext
         reloader = CertificateReloader(args.tls_cert_file, args.tls_key_file, main_config.ssl, metrics.tls_reloads)
         background.append(lambda: reloader.run(args.tls_reload_seconds))
     servers = [uvicorn.Server(main_config)]
+    if args.claim_webhook_port and service.dra is not None:
+        from scheduler_extender.service.claim_webhook import ClaimWebhook
+        from scheduler_extender.service.server import create_webhook_app
+        webhook = ClaimWebhook(service.dra, lambda: service.engine, _pod_reader(), service.namespace_labels_of_name,
+                               metrics.claims_written)
+        webhook_options = {k: v for k, v in ssl_options.items() if k in ("ssl_certfile", "ssl_keyfile")}
+        webhook_config = uvicorn.Config(create_webhook_app(webhook, max_body_bytes=args.max_body_bytes),
+                                        host=args.host, port=args.claim_webhook_port, http=http,
+                                        log_level="warning", access_log=False, **webhook_options)
+        if args.tls_reload_seconds > 0:
+            webhook_config.load()
+            webhook_reloader = CertificateReloader(args.tls_cert_file, args.tls_key_file, webhook_config.ssl,
+                                                   metrics.tls_reloads)
+            background.append(lambda: webhook_reloader.run(args.tls_reload_seconds))
+        log.info("claim webhook on https://%s:%d/mutate/resourceclaims", args.host, args.claim_webhook_port)
+        servers.append(uvicorn.Server(webhook_config))
     if args.health_port:
         log.info("health and metrics also on http://%s:%d (/healthz, /readyz, /metrics)", args.host, args.health_port)
         servers.append(uvicorn.Server(uvicorn.Config(create_health_app(service), host=args.host, http=http,

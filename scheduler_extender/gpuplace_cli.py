@@ -21,20 +21,6 @@ from scheduler_extender.core.quantity import fmt_gib
 from scheduler_extender.core.tenancy import UNRESTRICTED
 
 
-def _load_pod(path: str) -> Pod:
-    """The first Pod manifest of a YAML file (``-``: stdin). Raises ValueError (also
-    ``PodShapeError``, naming the field), OSError, yaml.YAMLError."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    docs = [d for d in yaml.safe_load_all(text) if d]
-    pods = [d for d in docs if isinstance(d, dict) and d.get("kind", "Pod") == "Pod"]
-    if not pods:
-        raise ValueError(f"{path}: no Pod manifest found")
-    try:
-        return as_pod(pods[0])
-    except PodShapeError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
 def render_decision(decision: Decision, policy: Policy | None = None) -> str:
     """Every node with pass/fail, its reasons or score components, and the VRAM estimate's terms.
 
@@ -117,10 +103,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 2
     engine = Engine(policy)
     try:
-        pod = _load_pod(args.pod)
+        docs = _load_docs(args.pod)
+        pod = _pod_of(docs, args.pod)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
+    if args.resource_slices:
+        return _explain_with_claims(args, engine, policy, pod, docs, labels)
     live = None
     try:
         if args.kubeconfig:
@@ -150,6 +139,169 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if room is not None:
             from scheduler_extender.cluster.defrag import render_freeing
             print("\n".join(render_freeing(room)))
+    return 0
+
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
+
+
+def _load_docs(path: str) -> list[Any]:
+    """Every YAML document of ``path`` (``-``: stdin). Raises OSError, yaml.YAMLError."""
+    from node_agent.inventory import NoAliasLoader
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    return [d for d in yaml.load_all(text, Loader=NoAliasLoader) if d]  # noqa: S506 - a SafeLoader
+
+
+def _pod_of(docs: list[Any], path: str) -> Pod:
+    """The first Pod of ``docs``, else the pod template of the first workload (Deployment,
+    StatefulSet, DaemonSet, ReplicaSet, Job, CronJob). Raises ValueError naming the file."""
+    for d in docs:
+        if not isinstance(d, dict):
+            continue
+        obj = None
+        if d.get("kind", "Pod") == "Pod":
+            obj = d
+        elif d.get("kind") in WORKLOAD_KINDS:
+            obj = ((d.get("spec") or {}).get("template") or None)
+        elif d.get("kind") == "CronJob":
+            obj = ((((d.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}).get("template") or None)
+        if isinstance(obj, dict):
+            meta = dict(obj.get("metadata") or {})
+            meta.setdefault("name", (d.get("metadata") or {}).get("name"))
+            meta.setdefault("namespace", (d.get("metadata") or {}).get("namespace"))
+            try:
+                return as_pod({**obj, "metadata": meta})
+            except PodShapeError as e:
+                raise ValueError(f"{path}: {e}") from None
+    raise ValueError(f"{path}: no Pod manifest or workload with a pod template found")
+
+
+def _dra_fleet(args: argparse.Namespace, engine: Engine) -> Any:
+    """The DRA fleet of ``--resource-slices FILE`` (ResourceSlices, and ResourceClaims marking their
+    devices held) or of the live cluster of ``--kubeconfig``. Raises ValueError, OSError,
+    yaml.YAMLError; API and configuration errors from the client."""
+    from scheduler_extender.cluster.dra import static_fleet
+    from scheduler_extender.core.dra_slices import drivers_with_file, split_objects
+    drivers = drivers_with_file(getattr(args, "dra_drivers", None))  # DriverTableError is a ValueError
+    if getattr(args, "resource_slices", None):
+        objects = split_objects(_load_docs(args.resource_slices))
+        if not objects.get("ResourceSlice"):
+            raise ValueError(f"--resource-slices {args.resource_slices}: no ResourceSlice in it "
+                             "(kubectl get resourceslices,resourceclaims -A -o yaml)")
+        return static_fleet(objects["ResourceSlice"], objects.get("ResourceClaim", []), engine.catalog, drivers)
+    from kubernetes import client, config
+    config.load_kube_config(config_file=args.kubeconfig)
+    with client.ApiClient() as api_client:
+        api = client.ResourceV1Api(api_client)
+        slices = json.loads(api.list_resource_slice(_preload_content=False).data).get("items") or []
+        claims = json.loads(api.list_resource_claim_for_all_namespaces(_preload_content=False).data).get("items") or []
+    return static_fleet(slices, claims, engine.catalog, drivers)
+
+
+def _claim_template(docs: list[Any], pod: Pod, args: argparse.Namespace) -> dict[str, Any]:
+    """The ResourceClaimTemplate of ``docs`` that ``pod`` names, else a generic one of
+    ``--count`` devices of ``--device-class`` named ``--name`` (default ``<pod>-gpu``)."""
+    wanted = {c.resource_claim_template_name for c in pod.spec.resource_claims or () if c.resource_claim_template_name}
+    for d in docs:
+        if isinstance(d, dict) and d.get("kind") == "ResourceClaimTemplate" and \
+                (not wanted or (d.get("metadata") or {}).get("name") in wanted):
+            return d
+    name = args.name or (next(iter(sorted(wanted))) if wanted else f"{pod.name or 'pod'}-gpu")
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, **({"namespace": pod.metadata.namespace} if pod.metadata.namespace else {})},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": args.device_class, "count": args.count}}]}}}}
+
+
+def cmd_claim(args: argparse.Namespace) -> int:
+    """``gpuplace claim POD.yaml``: the pod's ResourceClaimTemplate as the claim webhook writes it."""
+    from scheduler_extender.core.dra_claims import ALTERNATIVES_ANNOTATION, ClaimError
+    from scheduler_extender.service.claim_webhook import claim_writer
+    if args.count < 1:
+        print(f"gpuplace: --count {args.count}: must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as e:
+        print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+        return 2
+    engine = Engine(policy)
+    try:
+        docs = _load_docs(args.pod)
+        pod = _pod_of(docs, args.pod)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        print(f"gpuplace: {e}", file=sys.stderr)
+        return 2
+    try:
+        fleet = _dra_fleet(args, engine)
+    except Exception as e:  # noqa: BLE001 - files, config, connection and API errors all end here
+        print(f"gpuplace: cannot read the cluster's ResourceSlices: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    template = _claim_template(docs, pod, args)
+    spec = ((template.get("spec") or {}).get("spec")) if isinstance(template.get("spec"), dict) else None
+    if not isinstance(spec, dict):
+        print(f"gpuplace: ResourceClaimTemplate {(template.get('metadata') or {}).get('name')}: no spec.spec",
+              file=sys.stderr)
+        return 2
+    try:
+        written = claim_writer(engine, fleet, pod, None)(spec, f"pod {pod.namespace}/{pod.name}")
+    except ClaimError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    out = json.loads(json.dumps(template))
+    out["spec"]["spec"] = written.spec
+    if written.written:
+        meta = out["spec"].setdefault("metadata", {})
+        meta.setdefault("annotations", {})[ALTERNATIVES_ANNOTATION] = written.annotation()
+    for note in written.notes:
+        print(f"# {note}", file=sys.stderr)
+    print(yaml.safe_dump(out, sort_keys=False), end="")
+    return 0
+
+
+def _explain_with_claims(args: argparse.Namespace, engine: Engine, policy: Policy, pod: Pod, docs: list[Any],
+                         labels: Any) -> int:
+    """``gpuplace explain --resource-slices``: the alternatives gpuplace writes into the pod's claim
+    and, per node, the device DRA's allocator would give there and its score."""
+    from scheduler_extender.core.dra_claims import ClaimError, decide_with_claims
+    from scheduler_extender.service.claim_webhook import claim_writer
+    try:
+        fleet = _dra_fleet(args, engine)
+    except Exception as e:  # noqa: BLE001 - files and their contents
+        print(f"gpuplace: cannot read --resource-slices {args.resource_slices}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    args.name, args.device_class = None, getattr(args, "device_class", "gpu.nvidia.com")
+    template = _claim_template(docs, pod, args)
+    spec = (template.get("spec") or {}).get("spec") or {}
+    ns_labels = labels.get(pod.namespace) if isinstance(labels, dict) else None
+    try:
+        written = claim_writer(engine, fleet, pod, ns_labels)(spec, f"pod {pod.namespace}/{pod.name}")
+    except ClaimError as e:
+        if args.json:
+            print(json.dumps({"claim": {"refused": str(e)}}, indent=2))
+        else:
+            print(f"claim: refused: {e}\nthe pod stays Pending (its claim is not created)")
+        return 0
+    requests = [(alts_count, alts) for alts, alts_count in
+                ((alts, next((r["firstAvailable"][0].get("count", 1) for r in written.spec["devices"]["requests"]
+                              if r.get("name") == name and r.get("firstAvailable")), 1))
+                 for name, alts in written.written.items())]
+    names = fleet.node_names()
+    decision = decide_with_claims(engine, pod, fleet.states(names), requests, ns_labels)
+    if args.json:
+        print(json.dumps({"claim": {"alternatives": {k: [a.to_json() for a in v] for k, v in written.written.items()},
+                                    "notes": list(written.notes)},
+                          "inventory": {n: {"source": inv.source, "notes": list(inv.notes)}
+                                        for n in names if (inv := fleet.inventory(n)) is not None},
+                          **explain_decision(decision, policy)}, indent=2))
+        return 0
+    print("claim: " + ("; ".join(written.notes) or "nothing to write"))
+    for n in names:
+        inv = fleet.inventory(n)
+        if inv is not None and inv.notes:
+            print(f"  {n}: " + "; ".join(inv.notes[:5]))
+    print(f"inventory: {', '.join(sorted({inv.source for n in names if (inv := fleet.inventory(n)) is not None}))}")
+    print(render_decision(decision, policy))
     return 0
 
 
@@ -264,12 +416,39 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--inventory-dir", metavar="DIR", help="one NodeGPUInventory file per node")
     where.add_argument("--kubeconfig", metavar="FILE",
                        help="a live cluster: list its Nodes (gpuplace.io/inventory) and Pods as the extender sees them")
+    where.add_argument("--resource-slices", metavar="FILE",
+                       help="a fleet given as ResourceSlices (kubectl get resourceslices,resourceclaims -A -o yaml): "
+                            "the pod as a pod with a GPU claim (its ResourceClaimTemplate from the pod's file, else "
+                            "one of --count devices): the alternatives gpuplace writes, and per node the device "
+                            "the allocator would give and its score")
+    e.add_argument("--count", type=int, default=1, help="with --resource-slices: devices of the generic claim (default: 1)")
+    e.add_argument("--dra-drivers", metavar="FILE", help="with --resource-slices: DRA driver mappings to add")
     e.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
     e.add_argument("--namespace-labels", metavar="FILE",
                    help="labels of namespaces for tenants with a namespaceSelector (YAML namespace: {label: value}, "
                         "or `kubectl get namespaces -o yaml`); without it such tenants deny (labels unknown)")
     e.add_argument("--json", action="store_true", help="print the explanation as JSON (the POST /explain answer)")
     e.set_defaults(fn=cmd_explain)
+    cl = sub.add_parser(
+        "claim", help="print the pod's ResourceClaimTemplate with its GPU requests as gpuplace writes them (DRA)",
+        description="Print the ResourceClaimTemplate of a pod (or of a workload's pod template) with each GPU request "
+                    "written as a firstAvailable list of the device types of the cluster that fit the pod, cheapest "
+                    "first, premium GPUs last, each with CEL selectors for what gpuplace's filter requires: what the "
+                    "claim webhook writes at admission, for GitOps repositories. The template is the one in the "
+                    "file that the pod names (spec.resourceClaims), else a generic one of --count devices of "
+                    "--device-class. Exit 1 with gpuplace's reason when no device type fits.")
+    cl.add_argument("pod", help="pod or workload manifest (YAML/JSON, may hold its ResourceClaimTemplate), '-' for stdin")
+    where = cl.add_mutually_exclusive_group(required=True)
+    where.add_argument("--resource-slices", metavar="FILE",
+                       help="the fleet's ResourceSlices (kubectl get resourceslices -o yaml)")
+    where.add_argument("--kubeconfig", metavar="FILE", help="a live cluster: list its ResourceSlices and ResourceClaims")
+    cl.add_argument("--count", type=int, default=1, help="devices of a generic claim (default: 1)")
+    cl.add_argument("--device-class", default="gpu.nvidia.com",
+                    help="DeviceClass of a generic claim (default: gpu.nvidia.com, NVIDIA's DRA driver's)")
+    cl.add_argument("--name", help="name of a generic claim template (default: POD-gpu)")
+    cl.add_argument("--dra-drivers", metavar="FILE", help="DRA driver mappings to add (form of data/dra-drivers.yaml)")
+    cl.add_argument("--policy", metavar="FILE", help="policy YAML (default: the shipped policy)")
+    cl.set_defaults(fn=cmd_claim)
     d = sub.add_parser(
         "defrag", help="room for waiting GPU pods by moving movable pods: the fewest moves, as a plan (dry run) "
                        "or carried out (--execute)",

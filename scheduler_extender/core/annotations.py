@@ -70,5 +70,8 @@ BUILTIN_ANNOTATIONS: tuple[Annotation, ...] = (
     _a("gpu-fraction", "`0.5`, `0.25` (above 0, at most 1, at most six decimals)",
        "a share of one GPU: on a time-sliced or MPS GPU the VRAM need is that share of the GPU's memory, and "
        "fragmentation counts the share; with 1 `nvidia.com/gpu` only", "shared-gpu", "fragmentation"),
+    _a("claims", "`write` (default), `leave`",
+       "Dynamic Resource Allocation: whether the claim webhook writes the GPU requests of the pod's "
+       "ResourceClaims in gpuplace's order (`leave`: as the template wrote them)", "claim webhook"),
 )
 """The annotations ``parse_pod`` reads itself, in the reference's order."""

@@ -66,6 +66,21 @@ class Container(_Shape):
         return self.restart_policy == "Always"
 
 
+class PodResourceClaim(_Shape):
+    """``spec.resourceClaims[]``: a claim the pod uses, by name or from a ResourceClaimTemplate."""
+
+    name: StrictStr | None = None
+    resource_claim_name: StrictStr | None = Field(default=None, alias="resourceClaimName")
+    resource_claim_template_name: StrictStr | None = Field(default=None, alias="resourceClaimTemplateName")
+
+
+class PodResourceClaimStatus(_Shape):
+    """``status.resourceClaimStatuses[]``: the claim kube-controller-manager made from a template."""
+
+    name: StrictStr | None = None
+    resource_claim_name: StrictStr | None = Field(default=None, alias="resourceClaimName")
+
+
 class PodSpec(_Shape):
     containers: list[Container] | None = None
     init_containers: list[Container] | None = Field(default=None, alias="initContainers")
@@ -75,6 +90,8 @@ class PodSpec(_Shape):
     where set for CPU or memory, they replace the containers' sum for that resource."""
     overhead: dict[str, Quantity] | None = None
     """What the pod's RuntimeClass adds to its requests (``spec.overhead``, set at admission)."""
+    resource_claims: list[PodResourceClaim] | None = Field(default=None, alias="resourceClaims")
+    """Dynamic Resource Allocation: the claims whose devices the pod uses (``core.dra_claims``)."""
     priority: StrictInt | None = None
     preemption_policy: StrictStr | None = Field(default=None, alias="preemptionPolicy")
     """``Never``: the pod waits rather than have others evicted (its PriorityClass's ``preemptionPolicy``)."""
@@ -84,6 +101,9 @@ class PodSpec(_Shape):
 
 class PodStatus(_Shape):
     phase: StrictStr | None = None
+    resource_claim_statuses: list[PodResourceClaimStatus] | None = Field(default=None, alias="resourceClaimStatuses")
+
+
 
 
 class Pod(_Shape):
@@ -119,6 +139,18 @@ class Pod(_Shape):
     def priority(self) -> int:
         """``spec.priority``; 0 when unset, as kube-scheduler reads it (``corev1helpers.PodPriority``)."""
         return self.spec.priority or 0
+
+    def claim_names(self) -> list[str]:
+        """Names of the ResourceClaims the pod uses: ``resourceClaimName``, or for a template the
+        claim kube-controller-manager created (``status.resourceClaimStatuses``); a template's
+        claim not created yet is left out."""
+        made = {s.name: s.resource_claim_name for s in self.status.resource_claim_statuses or () if s.name}
+        out = []
+        for c in self.spec.resource_claims or ():
+            name = c.resource_claim_name or (made.get(c.name) if c.name else None)
+            if name:
+                out.append(name)
+        return out
 
     def container_requests(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(containers, init containers): each one's resources, requests over limits (``merged``)."""

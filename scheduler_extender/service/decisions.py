@@ -20,7 +20,8 @@ from typing import Any, Callable, Hashable
 import orjson
 
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.engine import Engine
+from scheduler_extender.core.dra_claims import Alternative, alternatives_of, decide_with_claims
+from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.served.grouped import GroupedEngine, GroupedResults, NodeGroups, group_nodes
 from scheduler_extender.served.equivalence import state_key
 from scheduler_extender.core.filter import NodeResult
@@ -36,6 +37,7 @@ from scheduler_extender.served.decider import Decider
 from scheduler_extender.served.memo import BoundedMemo
 from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.service.metrics import ExtenderMetrics
+from scheduler_extender.cluster.dra import DraFleet
 from scheduler_extender.cluster.pending import NOMINATED_ANNOTATION
 from scheduler_extender.cluster.requeue import REQUEUE_ANNOTATION, Requeuer
 from scheduler_extender.cluster.sources import StateSource
@@ -165,6 +167,9 @@ class ExtenderService:
         # Reservations (cluster.reservations), where the source keeps them: cluster mode.
         self._reserve_in = getattr(source, "reserve", None)
         self._filter_lock = threading.Lock()
+        # --dra: the cluster's ResourceSlices and ResourceClaims; pods whose claims gpuplace wrote
+        # are decided on them (``_dra_requests``), others as before.
+        self.dra: DraFleet | None = None
 
     @property
     def engine(self) -> GroupedEngine:
@@ -361,8 +366,12 @@ class ExtenderService:
 
     def namespace_labels_of(self, pod: Pod) -> Any:
         """Labels of the pod's namespace from the source (for policy tenants); None: unknown."""
+        return self.namespace_labels_of_name(pod.namespace)
+
+    def namespace_labels_of_name(self, namespace: str) -> Any:
+        """Labels of ``namespace`` from the source (for policy tenants); None: unknown."""
         lookup = getattr(self.source, "namespace_labels", None)
-        return None if lookup is None else lookup(pod.namespace)
+        return None if lookup is None else lookup(namespace)
 
     def _answer(self, verb: Hashable, grouped: GroupedResults, build: Callable[[], bytes]) -> bytes:
         """The JSON body ``build()`` gives, remembered under the results' ``answer_key``: the same
@@ -391,6 +400,9 @@ class ExtenderService:
         reservations (cluster mode), the nodes the answer sends the pod to hold it before the
         answer leaves (``_reserve``), and filters are decided one at a time, so that the next
         pod's decision sees that reservation."""
+        requests = self._dra_requests(args.Pod)
+        if requests is not None:
+            return self._dra_filter_response(args, requests)
         if self._reserve_in is None:
             return self._filter_response(args)
         with self._filter_lock:
@@ -646,6 +658,9 @@ class ExtenderService:
         after ``/filter`` for a pod that passed several nodes; where the source keeps
         reservations, the pod is then held on the passed nodes whose GPUs are shared
         (``_reserve_shared``), decided one at a time with the filters."""
+        requests = self._dra_requests(args.Pod)
+        if requests is not None:
+            return self._dra_prioritize_response(args, requests)
         if self._reserve_in is None:
             return self._prioritize_response(args)[0]
         with self._filter_lock:
@@ -712,6 +727,57 @@ class ExtenderService:
         body = self._answer(("prioritize", workload.version), grouped,
                             lambda: dumps([{"Host": n, "Score": by_class[g]} for n, g in zip(names, scored.score_of)]))
         return body, job, grouped
+
+
+    # ---- pods whose GPUs come from ResourceClaims (Dynamic Resource Allocation) ------------------
+
+    def _dra_requests(self, pod: Pod) -> list[tuple[int, tuple[Alternative, ...]]] | None:
+        """The GPU requests of the pod's claims that gpuplace wrote (``core.dra_claims``), each
+        (count, alternatives); None when the pod has none (it is decided as any other pod)."""
+        if self.dra is None or not pod.spec.resource_claims:
+            return None
+        out: list[tuple[int, tuple[Alternative, ...]]] = []
+        for name in pod.claim_names():
+            claim = self.dra.claim(pod.namespace, name)
+            written = alternatives_of(claim) if claim is not None else None
+            if not written:
+                continue
+            spec = claim.get("spec") or {}  # type: ignore[union-attr]  # claim: found
+            for req in (spec.get("devices") or {}).get("requests") or ():
+                alts = written.get(str(req.get("name"))) if isinstance(req, dict) else None
+                subs = req.get("firstAvailable") if alts and isinstance(req, dict) else None
+                if alts and isinstance(subs, list) and subs and isinstance(subs[0], dict):
+                    count = subs[0].get("count", 1)
+                    out.append((count if isinstance(count, int) and count > 0 else 1, alts))
+        return out or None
+
+    def _dra_decide(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]
+                    ) -> tuple[list[str], Decision]:
+        """The plain path for a pod with claims: each node's state from its ResourceSlices, the
+        devices DRA's allocator would give there, scored (``core.dra_claims.decide_with_claims``)."""
+        assert self.dra is not None
+        names = args.node_names()
+        return names, decide_with_claims(self.engine, args.Pod, self.dra.states(names), requests,
+                                         self.namespace_labels_of(args.Pod), self.workload_profile())
+
+    def _dra_filter_response(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]) -> bytes:
+        self._last_filter_at = time.monotonic()
+        names, decision = self._dra_decide(args, requests)
+        results = decision.results
+        passing = [n for n, r in zip(names, results) if r.passed]
+        self.metrics.decisions.labels("schedulable" if passing else "unschedulable").inc()
+        for r in results:
+            for rej in r.rejections:
+                self.metrics.rejections.labels(rej.criterion).inc()
+        failed = {n: r.reason for n, r in zip(names, results) if not r.passed and not r.unresolvable}
+        unresolvable = {n: r.reason for n, r in zip(names, results) if not r.passed and r.unresolvable}
+        return dumps(self._result_body(args, passing, failed, unresolvable))
+
+    def _dra_prioritize_response(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]) -> bytes:
+        """Scores of the nodes by the devices the allocator would give there (``_dra_decide``)."""
+        names, decision = self._dra_decide(args, requests)
+        scores = decision.scores
+        return dumps([{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names])
 
 
 def _best_only_verdict(r: NodeResult, sc: NodeScore | None, top: tuple[int, float] | None, best: int | None,

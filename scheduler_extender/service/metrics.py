@@ -57,6 +57,11 @@ class ExtenderMetrics:
         self.policy = PolicyReloadMetrics(self.policy_reloads, r)
         self.requeue = RequeueMetrics(r)
         self.preemption = PreemptionMetrics(r)
+        self.claims_written = Counter(
+            "gpuplace_extender_claims_written_total",
+            "ResourceClaims the claim webhook answered (--claim-webhook-port), by outcome (written: its GPU "
+            "requests rewritten as firstAvailable in gpuplace's order; left: not gpuplace's to write; refused: "
+            "no device type fits the pod, or it cannot be decided now; error).", ["outcome"], registry=registry)
         self.tls_reloads = Counter(
             "gpuplace_extender_tls_certificate_reloads_total",
             "Renewed serving certificates (--tls-cert-file, --tls-key-file) by result: applied, or rejected "

@@ -44,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
                    help="workload: the Alibaba openb pod list, the generated LLM mix, or a kind: Workload YAML")
     s.add_argument("--pods", metavar="FILE", help="openb pod list CSV (--trace openb) or Workload YAML (--trace yaml)")
     s.add_argument("--fleet", metavar="SPEC",
-                   help="openb or spot node list CSV, a directory of NodeGPUInventory files, or 'mixed' "
+                   help="openb or spot node list CSV, a directory of NodeGPUInventory files, a YAML/JSON file of "
+                        "ResourceSlices (kubectl get resourceslices -o yaml: GPUs as a DRA driver publishes them), or 'mixed' "
                         "(default: the openb node list next to --pods; 'mixed' for --trace llm)")
     s.add_argument("--mode", choices=("fill", "replay"), default="fill",
                    help="fill: pods arrive (FGD's shuffled, tuned list) and never leave, snapshot at each "

@@ -142,8 +142,33 @@ def inventory_dir_nodes(directory: str | Path) -> list[SimNode]:
     return nodes
 
 
+def resource_slice_nodes(path: str | Path, catalog: Catalog) -> list[SimNode]:
+    """One node per node named by the ResourceSlices of a YAML/JSON file (``kubectl get
+    resourceslices -o yaml``; ResourceClaims in it mark their devices held), read as the extender
+    reads them (``core.dra_slices``); CPU and memory are not modelled.
+
+    Raises:
+        TraceError: the file is not YAML, or holds no ResourceSlice of a mapped driver.
+    """
+    from node_agent.inventory import NoAliasLoader
+    from scheduler_extender.core.dra_slices import inventories_from_slices, split_objects
+    try:
+        docs = list(yaml.load_all(Path(path).read_text(encoding="utf-8"), Loader=NoAliasLoader))
+    except (OSError, yaml.YAMLError) as e:
+        raise TraceError(f"{path}: {e}") from None
+    objects = split_objects(docs)
+    inventories = inventories_from_slices(objects.get("ResourceSlice", []), objects.get("ResourceClaim", []), catalog)
+    nodes = [SimNode(name=n, inventory=si.inventory, template=f"slices:{n}")
+             for n, si in sorted(inventories.items()) if si.inventory.gpus]
+    if not nodes:
+        notes = "; ".join(n for si in inventories.values() for n in si.notes[:3])
+        raise TraceError(f"{path}: no GPU in its ResourceSlices" + (f" ({notes})" if notes else ""))
+    return nodes
+
+
 def load_fleet(spec: str, catalog: Catalog) -> list[SimNode]:
-    """A fleet from a CSV node list (openb or spot), a directory of inventories, or ``mixed``."""
+    """A fleet from a CSV node list (openb or spot), a directory of inventories, a YAML/JSON file of
+    ResourceSlices (``resource_slice_nodes``), or ``mixed``."""
     from scheduler_extender.simulator.workload import mixed_fleet
     if spec == "mixed":
         return mixed_fleet(catalog)
@@ -153,6 +178,8 @@ def load_fleet(spec: str, catalog: Catalog) -> list[SimNode]:
     if not p.exists():
         raise TraceError(f"--fleet {spec}: no such file or directory (use a node list CSV, a directory of "
                          "NodeGPUInventory files, or 'mixed')")
+    if p.suffix in (".yaml", ".yml", ".json"):
+        return resource_slice_nodes(p, catalog)
     kind = csv_kind(p)
     if kind == "openb-nodes":
         return openb_nodes(p, catalog)

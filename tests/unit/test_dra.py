@@ -1,0 +1,395 @@
+"""Dynamic Resource Allocation: ResourceSlices read as inventories, claims written from the job,
+and the extender's decision for pods with claims (``core.dra_slices``, ``core.dra_claims``,
+``cluster.dra``, ``service.claim_webhook``).
+
+The slices are built as NVIDIA's DRA driver publishes them (github.com/NVIDIA/k8s-dra-driver-gpu,
+``cmd/gpu-kubelet-plugin/deviceinfo.go``: device ``gpu-<minor>``, attributes ``type``, ``uuid``,
+``productName``, ``cudaComputeCapability`` as a version, capacity ``memory`` in bytes; MIG devices
+with ``parentUUID`` and ``profile``); memories as NVML reports them for each model (catalog rows).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+
+import pytest
+
+from scheduler_extender.cluster.dra import DraFleet, static_fleet
+from scheduler_extender.cluster.sources import StaticSource
+from scheduler_extender.core.dra_claims import (ALTERNATIVES_ANNOTATION, MAX_ALTERNATIVES, Alternative, ClaimError,
+                                                alternatives_of, cel_of, gpu_classes, node_result, plan_claim,
+                                                pod_with_gpus, write_claim)
+from scheduler_extender.core.dra_slices import (DriverTableError, default_drivers, inventories_from_slices,
+                                                parse_driver_table, split_objects)
+from scheduler_extender.core.engine import Engine
+from scheduler_extender.service.claim_webhook import ClaimWebhook, WebhookError, claim_writer
+from scheduler_extender.service.decisions import ExtenderService
+from scheduler_extender.service.wire import parse_extender_args
+
+DRIVER = "gpu.nvidia.com"
+A100 = ("NVIDIA A100-SXM4-80GB", "81920Mi", "8.0.0")
+L4 = ("NVIDIA L4", "23034Mi", "8.9.0")
+RTX4090 = ("NVIDIA GeForce RTX 4090", "24564Mi", "8.9.0")
+H100 = ("NVIDIA H100 80GB HBM3", "81559Mi", "9.0.0")
+_uuids = itertools.count()
+
+
+def gpu(index: int, model: tuple[str, str, str], uuid: str | None = None) -> dict:
+    name, memory, cc = model
+    return {"name": f"gpu-{index}", "attributes": {
+        "type": {"string": "gpu"}, "uuid": {"string": uuid or f"GPU-{next(_uuids)}"},
+        "productName": {"string": name}, "brand": {"string": "Nvidia"},
+        "cudaComputeCapability": {"version": cc}, "driverVersion": {"version": "550.54.15"}},
+        "capacity": {"memory": {"value": memory}}}
+
+
+def mig(parent_index: int, parent_uuid: str, start: int, profile: str = "3g.40gb", memory: str = "40192Mi") -> dict:
+    return {"name": f"gpu-{parent_index}-mig-9-{start}-4", "attributes": {
+        "type": {"string": "mig"}, "uuid": {"string": f"MIG-{next(_uuids)}"}, "parentUUID": {"string": parent_uuid},
+        "profile": {"string": profile}, "productName": {"string": A100[0]},
+        "cudaComputeCapability": {"version": "8.0.0"}}, "capacity": {"memory": {"value": memory}}}
+
+
+def slice_of(node: str, devices: list[dict], driver: str = DRIVER, generation: int = 1) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{driver}-{generation}"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": generation,
+                                                                  "resourceSliceCount": 1}, "devices": devices}}
+
+
+def allocated(claim: str, node: str, device: str, pod: str | None = None, ns: str = "default") -> dict:
+    status = {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]}}}
+    if pod:
+        status["reservedFor"] = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}]
+    return {"metadata": {"name": claim, "namespace": ns}, "spec": {}, "status": status}
+
+
+def pod(name: str = "llm", annotations: dict | None = None, claims: dict | None = None) -> dict:
+    obj = {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                        "annotations": {"gpuplace.io/model-params": "13B", "gpuplace.io/workload": "inference"}
+                        if annotations is None else annotations},
+           "spec": {"containers": [{"name": "main"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": f"{name}-gpu"}]}}
+    if claims:
+        obj["status"] = {"resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in claims.items()]}
+    return obj
+
+
+GENERIC = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+
+
+@pytest.fixture
+def engine() -> Engine:
+    return Engine()
+
+
+def fleet_of(engine: Engine, slices: list[dict], claims: list[dict] = ()) -> DraFleet:
+    return static_fleet(slices, list(claims), engine.catalog, default_drivers())
+
+
+# ---- slices as inventories ---------------------------------------------------------------------
+
+
+def test_a_gpu_device_becomes_an_inventory_gpu_with_its_product_memory_and_compute_capability(engine):
+    inv = inventories_from_slices([slice_of("n1", [gpu(0, A100, "GPU-a"), gpu(3, L4, "GPU-b")])], [], engine.catalog)
+    gpus = inv["n1"].inventory.gpus
+    assert [(g.index, g.uuid, g.name, g.memory_mib, g.compute_capability) for g in gpus] == [
+        (0, "GPU-a", "NVIDIA A100-SXM4-80GB", 81920, "8.0"), (3, "GPU-b", "NVIDIA L4", 23034, "8.9")]
+    assert inv["n1"].source == "ResourceSlices of gpu.nvidia.com"
+    assert gpus[0].ecc_enabled is None and gpus[0].nvlinks == []  # what slices do not say stays unknown
+
+
+def test_mig_devices_join_their_parent_gpu_whose_memory_comes_from_the_catalog(engine):
+    inv = inventories_from_slices([slice_of("n1", [mig(0, "GPU-p", 0), mig(0, "GPU-p", 4)])], [], engine.catalog)
+    (parent,) = inv["n1"].inventory.gpus
+    assert parent.uuid == "GPU-p" and parent.mig_enabled and parent.memory_mib == 81920
+    assert [(m.profile, m.memory_mib) for m in parent.mig_devices] == [("3g.40gb", 40192), ("3g.40gb", 40192)]
+
+
+def test_an_allocated_claim_holds_its_device_for_the_pod_it_is_reserved_for_else_its_name(engine):
+    sl = slice_of("n1", [gpu(0, A100), gpu(1, A100)])
+    inv = inventories_from_slices([sl], [allocated("c0", "n1", "gpu-0", pod="train"),
+                                         allocated("c1", "n1", "gpu-1")], engine.catalog)
+    assert [g.allocated_to for g in inv["n1"].inventory.gpus] == ["default/train", "default/c1"]
+
+
+def test_unmapped_drivers_and_devices_without_a_product_name_are_left_out_and_named(engine):
+    bare = {"name": "device-00"}
+    inv = inventories_from_slices([slice_of("n1", [bare, gpu(1, L4)]), slice_of("n1", [bare], driver="x.example.com")],
+                                  [], engine.catalog)
+    assert [g.name for g in inv["n1"].inventory.gpus] == ["NVIDIA L4"]
+    notes = " | ".join(inv["n1"].notes)
+    assert "device-00: no attribute type" in notes and "driver x.example.com is not mapped" in notes
+
+
+def test_the_test_drivers_bare_devices_are_left_out_for_want_of_a_product_name(engine):
+    bare = {"name": "device-00"}
+    inv = inventories_from_slices([slice_of("n1", [bare], driver="test-driver.cdi.k8s.io")], [], engine.catalog)
+    assert inv["n1"].inventory.gpus == [] and "no attribute type" in inv["n1"].notes[0]
+
+
+def test_only_the_newest_generation_of_a_pool_counts(engine):
+    old = slice_of("n1", [gpu(0, L4)], generation=1)
+    new = slice_of("n1", [gpu(0, A100)], generation=2)
+    inv = inventories_from_slices([old, new], [], engine.catalog)
+    assert [g.name for g in inv["n1"].inventory.gpus] == [A100[0]]
+
+
+def test_a_malformed_slice_is_a_note_on_its_node_not_an_exception(engine):
+    bad = slice_of("n1", [gpu(0, A100)])
+    bad["spec"]["devices"] = "many"
+    inv = inventories_from_slices([bad, slice_of("n2", [gpu(0, L4)])], [], engine.catalog)
+    assert "devices" in inv["n1"].notes[0] and inv["n1"].inventory.gpus == []
+    assert [g.name for g in inv["n2"].inventory.gpus] == [L4[0]]
+
+
+def test_a_driver_table_names_the_field_it_rejects():
+    with pytest.raises(DriverTableError, match="memoryCapacity"):
+        parse_driver_table("drivers: [{driver: a.example.com, sources: [x], productNameAttribute: p}]", "f.yaml")
+
+
+def test_kubectl_lists_are_split_by_kind():
+    objects = split_objects([{"kind": "List", "items": [{"kind": "ResourceSlice", "a": 1}]},
+                             {"kind": "ResourceClaimList", "items": [{"metadata": {}}]}])
+    assert sorted(objects) == ["ResourceClaim", "ResourceSlice"]
+
+
+# ---- claims written from the job ---------------------------------------------------------------
+
+
+def written_for(engine: Engine, fleet: DraFleet, pod_obj: dict, spec: dict = GENERIC):
+    return claim_writer(engine, fleet, pod_with_gpus(pod_obj, 1), None)(spec, "pod default/llm")
+
+
+def test_a_13b_pod_gets_the_cheapest_fitting_type_first_and_never_a_gpu_too_small(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), gpu(1, L4)]),
+                              slice_of("n2", [gpu(0, H100), gpu(1, RTX4090)]),
+                              slice_of("n3", [mig(0, "GPU-m", 0), mig(0, "GPU-m", 4)])])
+    w = written_for(engine, fleet, pod())
+    alts = w.written["gpu"]
+    # 13B bf16 needs 30.3 GiB: the 24 GB cards are refused; the MIG slice is the cheapest fit
+    assert [a.describe() for a in alts][0] == "A100-SXM4-80GB 3g.40gb"
+    assert not any("L4" in a.describe() or "4090" in a.describe() for a in alts)
+    costs = [a.cost_per_hour for a in alts if a.model_id not in engine.job(pod_with_gpus(pod(), 1)).class_last_resort_models]
+    assert costs == sorted(costs)
+    (req,) = w.spec["devices"]["requests"]
+    assert [s["name"] for s in req["firstAvailable"]] == [a.name for a in alts]
+    assert all(s["count"] == 1 for s in req["firstAvailable"])
+
+
+def test_each_alternative_states_the_need_in_cel_with_every_attribute_guarded(engine):
+    alt = Alternative("g0-l4", "gpu.nvidia.com", DRIVER, "gpu", "NVIDIA L4", None, 23034 * 2**20, 10**10 + 1, (8, 9),
+                      0.8, "l4")
+    cel = cel_of(alt, default_drivers()[DRIVER])
+    assert 'device.driver == "gpu.nvidia.com"' in cel
+    assert '"productName" in device.attributes["gpu.nvidia.com"] && device.attributes["gpu.nvidia.com"]["productName"] == "NVIDIA L4"' in cel
+    # 10^10 + 1 bytes rounded up to whole MiB: 9537 MiB is 10,000,269,312 bytes
+    assert 'compareTo(quantity("9537Mi")) >= 0' in cel
+    assert 'compareTo(semver("8.9.0")) >= 0' in cel
+
+
+def test_a_product_name_with_quotes_stays_one_cel_string(engine):
+    alt = Alternative("g0", "gpu.nvidia.com", DRIVER, "gpu", 'Odd "GPU" \\ name', None, 1, None, None, 1.0, None)
+    cel = cel_of(alt, default_drivers()[DRIVER])
+    assert '== "Odd \\"GPU\\" \\\\ name"' in cel
+
+
+def test_a_pod_no_device_type_fits_is_refused_with_every_types_reason(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, L4)]), slice_of("n2", [gpu(0, RTX4090)])])
+    with pytest.raises(ClaimError) as e:
+        written_for(engine, fleet, pod(annotations={"gpuplace.io/model-params": "70B"}))
+    msg = str(e.value)
+    assert msg.startswith("gpuplace: pod default/llm: no device type in the cluster fits")
+    assert "L4 (1 on 1 node): 22.5 GiB VRAM < 157.7 GiB needed" in msg and "RTX 4090" in msg
+
+
+def test_invalid_annotations_refuse_the_claim_naming_the_annotation(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    with pytest.raises(ClaimError, match="gpuplace.io/model-params"):
+        written_for(engine, fleet, pod(annotations={"gpuplace.io/model-params": "lots"}))
+
+
+def test_requests_of_other_classes_all_mode_or_own_lists_are_left_as_written(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    spec = {"devices": {"requests": [
+        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}},
+        {"name": "all", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}},
+        {"name": "own", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]}]}}
+    w = written_for(engine, fleet, pod(), spec)
+    assert w.written == {} and w.spec == spec and len(w.notes) == 3
+
+
+def test_the_pods_own_selectors_and_count_are_kept_in_every_alternative(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), gpu(1, A100), gpu(2, H100), gpu(3, H100)])])
+    own = {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].brand == "Nvidia"'}}
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2,
+                                                                 "selectors": [own]}}]}}
+    w = claim_writer(engine, fleet, pod_with_gpus(pod(), 2), None)(spec, "pod default/llm")
+    subs = w.spec["devices"]["requests"][0]["firstAvailable"]
+    assert subs and all(s["selectors"][0] == own and s["count"] == 2 for s in subs)
+
+
+def test_more_types_than_the_api_allows_are_joined_in_the_last_alternative(engine):
+    memories = [f"{40 + i}Gi" for i in range(MAX_ALTERNATIVES + 3)]
+    fleet = fleet_of(engine, [slice_of(f"n{i}", [gpu(0, (A100[0], m, "8.0.0"))]) for i, m in enumerate(memories)])
+    w = written_for(engine, fleet, pod())
+    subs = w.spec["devices"]["requests"][0]["firstAvailable"]
+    assert len(subs) == MAX_ALTERNATIVES
+    assert subs[-1]["selectors"][-1]["cel"]["expression"].count(" || ") == 3
+    assert len(w.written["gpu"]) == len(memories)
+
+
+def test_the_alternatives_annotation_reads_back_what_was_written(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), gpu(1, H100)])])
+    w = written_for(engine, fleet, pod())
+    claim = {"metadata": {"annotations": {ALTERNATIVES_ANNOTATION: w.annotation()}}}
+    assert alternatives_of(claim) == dict(w.written)
+    assert alternatives_of({"metadata": {"annotations": {ALTERNATIVES_ANNOTATION: '{"gpu": [{"kind": 1}]}'}}}) is None
+
+
+# ---- the node a pod with claims gets ------------------------------------------------------------
+
+
+def test_a_node_gives_the_first_alternative_it_has_free_as_the_allocator_would(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), gpu(1, A100), gpu(2, H100)])],
+                     [allocated("c", "n1", "gpu-0", "x")])
+    plan = plan_claim(engine.job(pod_with_gpus(pod(), 1)), fleet.types(), engine.policy, 1)
+    assert [a.product_name for a in plan.alternatives] == [A100[0], H100[0]]
+    (state,) = fleet.states(["n1"])
+    r = node_result(state, [(1, plan.alternatives)])
+    assert r.passed and [u.gpu_index for u in r.chosen] == [1]  # gpu-0 is held by claim c
+    # two of one type: the A100s would hold them once claim c ends; one H100 never would
+    busy = node_result(state, [(2, plan.alternatives)])
+    assert not busy.passed and busy.rejections[0].resolvable and "all of them are allocated" in busy.reason
+
+
+def test_a_node_without_the_alternatives_fails_unresolvably(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)]), slice_of("n2", [gpu(0, L4)])])
+    plan = plan_claim(engine.job(pod_with_gpus(pod(), 1)), fleet.types(), engine.policy, 1)
+    r = node_result(fleet.states(["n2"])[0], [(1, plan.alternatives)])
+    assert not r.passed and r.unresolvable and "the node has none" in r.reason
+
+
+def extender_over(engine: Engine, fleet: DraFleet, tmp_path) -> ExtenderService:
+    service = ExtenderService(engine, StaticSource(tmp_path, engine.catalog))
+    service.dra = fleet
+    return service
+
+
+def test_the_extender_sends_a_pod_with_a_written_claim_to_the_node_with_the_cheaper_free_device(engine, tmp_path):
+    fleet = fleet_of(engine, [slice_of("h100-node", [gpu(0, H100)]), slice_of("a100-node", [gpu(0, A100)]),
+                              slice_of("l4-node", [gpu(0, L4)]), slice_of("no-gpu", [])])
+    w = written_for(engine, fleet, pod())
+    fleet.apply_claim_event("ADDED", {"metadata": {"name": "llm-gpu-1", "namespace": "default",
+                                                   "annotations": {ALTERNATIVES_ANNOTATION: w.annotation()}},
+                                      "spec": w.spec})
+    service = extender_over(engine, fleet, tmp_path)
+    args = parse_extender_args(json.dumps({"Pod": pod(claims={"gpu": "llm-gpu-1"}),
+                                           "NodeNames": ["h100-node", "a100-node", "l4-node", "no-gpu"]}).encode())
+    result = service.filter(args)
+    assert sorted(result["NodeNames"]) == ["a100-node", "h100-node"]
+    assert set(result["FailedAndUnresolvableNodes"]) == {"l4-node", "no-gpu"}
+    scores = {p["Host"]: p["Score"] for p in service.prioritize(args)}
+    assert scores["a100-node"] > scores["h100-node"] and scores["l4-node"] == 0
+
+
+def test_a_pod_whose_claim_gpuplace_did_not_write_is_decided_as_before(engine, tmp_path):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    fleet.apply_claim_event("ADDED", {"metadata": {"name": "c", "namespace": "default"}, "spec": GENERIC})
+    service = extender_over(engine, fleet, tmp_path)
+    assert service._dra_requests(parse_extender_args(json.dumps(
+        {"Pod": pod(claims={"gpu": "c"}), "NodeNames": ["n1"]}).encode()).Pod) is None
+
+
+# ---- the webhook -------------------------------------------------------------------------------
+
+
+def review(claim_spec: dict, owner: str | None = "llm") -> bytes:
+    meta = {"name": "llm-gpu-x", "namespace": "default"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": "u", "controller": True}]
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "req-1", "operation": "CREATE", "namespace": "default", "object": {"metadata": meta, "spec": claim_spec}}}).encode()
+
+
+def webhook(engine: Engine, fleet: DraFleet, pods: dict) -> ClaimWebhook:
+    return ClaimWebhook(fleet, lambda: engine, lambda ns, name: pods.get(name))
+
+
+def answer(hook: ClaimWebhook, body: bytes) -> dict:
+    out = json.loads(hook.respond(body))
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["response"]["uid"] == "req-1"
+    return out["response"]
+
+
+def test_the_webhook_patches_the_claim_with_the_alternatives_and_their_annotation(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), gpu(1, H100)])])
+    resp = answer(webhook(engine, fleet, {"llm": pod()}), review(GENERIC))
+    assert resp["allowed"] and resp["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(resp["patch"]))
+    assert patch[0]["path"] == "/spec" and "firstAvailable" in patch[0]["value"]["devices"]["requests"][0]
+    assert patch[1] == {"op": "add", "path": "/metadata/annotations",
+                        "value": {ALTERNATIVES_ANNOTATION: written_for(engine, fleet, pod()).annotation()}}
+
+
+def test_the_webhook_refuses_a_claim_no_device_fits_with_gpuplaces_reason(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, L4)])])
+    resp = answer(webhook(engine, fleet, {"llm": pod(annotations={"gpuplace.io/model-params": "70B"})}), review(GENERIC))
+    assert not resp["allowed"] and resp["status"]["code"] == 403
+    assert "no device type in the cluster fits: L4" in resp["status"]["message"]
+
+
+@pytest.mark.parametrize("case", ["no owner", "leave", "no gpuplace annotation"])
+def test_the_webhook_leaves_claims_that_are_not_gpuplaces_to_write(engine, case):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    pods = {"llm": pod(annotations={"gpuplace.io/claims": "leave", "gpuplace.io/model-params": "7B"} if case == "leave"
+                       else {} if case == "no gpuplace annotation" else None)}
+    resp = answer(webhook(engine, fleet, pods), review(GENERIC, owner=None if case == "no owner" else "llm"))
+    assert resp["allowed"] and "patch" not in resp
+
+
+def test_the_webhook_refuses_rather_than_guess_before_the_slices_are_read_or_without_the_pod(engine):
+    unsynced = DraFleet(engine.catalog, default_drivers())
+    resp = answer(webhook(engine, unsynced, {"llm": pod()}), review(GENERIC))
+    assert not resp["allowed"] and "has not read the cluster's ResourceSlices" in resp["status"]["message"]
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    resp = answer(webhook(engine, fleet, {}), review(GENERIC))
+    assert not resp["allowed"] and "was not found" in resp["status"]["message"]
+
+
+def test_the_webhook_names_the_annotation_and_its_values_when_claims_is_misspelt(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    resp = answer(webhook(engine, fleet, {"llm": pod(annotations={"gpuplace.io/claims": "skip"})}), review(GENERIC))
+    assert not resp["allowed"] and "gpuplace.io/claims: 'skip' is not one of write, leave" in resp["status"]["message"]
+
+
+def test_the_webhook_rejects_a_body_that_is_not_an_admission_review(engine):
+    hook = webhook(engine, fleet_of(engine, []), {})
+    with pytest.raises(WebhookError, match="not JSON"):
+        hook.respond(b"{")
+    with pytest.raises(WebhookError, match="request"):
+        hook.respond(b'{"kind": "AdmissionReview"}')
+
+
+def test_a_failure_inside_the_webhook_refuses_the_claim_with_the_cause(engine):
+    def broken(ns, name):
+        raise RuntimeError("API server unreachable")
+    resp = json.loads(ClaimWebhook(fleet_of(engine, [slice_of("n1", [gpu(0, A100)])]), lambda: engine, broken)
+                      .respond(review(GENERIC)))["response"]
+    assert not resp["allowed"] and "API server unreachable" in resp["status"]["message"]
+
+
+def test_pod_with_gpus_keeps_the_pod_and_asks_its_gpus_in_the_first_container():
+    p = pod_with_gpus({"metadata": {"name": "a"}, "spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "1"}}}, {"name": "d"}]}}, 3)
+    assert p.container_requests()[0] == [{"cpu": "1", "nvidia.com/gpu": "3"}, {}]
+
+
+def test_gpu_classes_cover_nvidias_gpu_and_mig_classes():
+    assert {"gpu.nvidia.com", "mig.nvidia.com", "test-driver.cdi.k8s.io"} <= set(gpu_classes(default_drivers()))
+
+
+def test_write_claim_refuses_requests_that_are_not_a_list():
+    with pytest.raises(ClaimError, match="must be a list"):
+        write_claim({"devices": {"requests": {"a": 1}}}, lambda n: None, {}, "pod x")  # type: ignore[arg-type]
