@@ -123,6 +123,23 @@ def values_schema() -> dict[str, Any]:
                 "preemption": obj({"enabled": {"type": "boolean"}}),
                 "defrag": obj({"enabled": {"type": "boolean"},
                                "intervalSeconds": {"type": "number", "minimum": 10, "maximum": 86400}}),
+                "dra": obj({
+                    "enabled": {"type": "boolean", "description": "Dynamic Resource Allocation (--dra)"},
+                    # Rows of scheduler_extender/data/dra-drivers.yaml's form; the extender checks
+                    # the rest of each row at start (--dra-drivers), naming the field.
+                    "drivers": {"type": "array", "description": "DRA driver mappings added to the built-in ones",
+                                "items": {"type": "object",
+                                          "required": ["driver", "sources", "productNameAttribute", "memoryCapacity"],
+                                          "properties": {"driver": s(minLength=1, maxLength=63),
+                                                         "sources": {"type": "array", "minItems": 1,
+                                                                     "items": s()}}}},
+                    "webhook": obj({
+                        "enabled": {"type": "boolean"},
+                        "port": integer(1, "HTTPS port of the claim webhook (--claim-webhook-port)", maximum=65535),
+                        "failurePolicy": {"enum": ["Fail", "Ignore"]},
+                        "timeoutSeconds": integer(1, maximum=30),
+                    }),
+                }),
                 "tls": obj({
                     "enabled": {"type": "boolean"},
                     "secretName": s("existing kubernetes.io/tls Secret with the serving certificate",

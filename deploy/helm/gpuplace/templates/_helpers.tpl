@@ -153,6 +153,36 @@ app.kubernetes.io/part-of: gpuplace
 {{- end }}
 {{- end }}
 
+{{/* Whether the extender serves the ResourceClaim webhook (--claim-webhook-port): extender.dra with
+     its webhook on; validations.yaml refuses it without extender.tls. "true" or "". */}}
+{{- define "gpuplace.extender.claimWebhook" -}}
+{{- with .Values.extender.dra }}{{ if and .enabled .webhook.enabled }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/* The ConfigMap with extender.dra.drivers (--dra-drivers), and where the extender mounts it. */}}
+{{- define "gpuplace.extender.draDriversConfigMap" -}}{{ include "gpuplace.extender.name" . }}-dra-drivers{{- end }}
+{{- define "gpuplace.extender.draDriversDir" -}}/etc/gpuplace/dra{{- end }}
+
+{{/* The base64 PEM of the CA that signed the extender's serving certificate, for a webhook's
+     clientConfig.caBundle (kube-apiserver trusts nothing else there): the generated Secret's ca.crt
+     (the same render's, see "gpuplace.extender.generatedTLS"), else extender.tls.caBundle, else ca.crt
+     of extender.tls.secretName read from the cluster (lookup; empty where the renderer has no
+     cluster). Empty with cert-manager, whose cainjector fills caBundle from the Certificate
+     (annotation cert-manager.io/inject-ca-from), and without TLS. */}}
+{{- define "gpuplace.extender.webhookCABundle" -}}
+{{- with .Values.extender.tls }}
+{{- if and .enabled (not .certManager.enabled) }}
+{{- if include "gpuplace.extender.generatesServingCert" $ }}
+{{- index (include "gpuplace.extender.generatedTLS" $ | fromJson).serving "ca.crt" }}
+{{- else if .caBundle }}
+{{- .caBundle | b64enc }}
+{{- else }}
+{{- index ((lookup "v1" "Secret" $.Release.Namespace .secretName).data | default dict) "ca.crt" | default "" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the `helm test` Pod calls the extender's main port (it holds no client certificate):
      without TLS, or over HTTPS when the extender demands no client certificate; "true" or "". */}}
 {{- define "gpuplace.test.callsMainPort" -}}
