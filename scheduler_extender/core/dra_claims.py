@@ -68,14 +68,16 @@ class ClaimError(ValueError):
 
 @dataclass(frozen=True)
 class DeviceType:
-    """Devices of the fleet that every criterion reads alike: one representative ``unit`` and how
-    many there are (``count``) on how many nodes."""
+    """Devices of the fleet that every criterion reads alike: one representative ``unit``, how
+    many there are (``count``), on how many nodes, and the most on one node (``most_on_a_node``:
+    a request's devices come from one node)."""
 
     driver: str
     mapping: DriverMapping
     unit: Unit
     count: int
     nodes: int
+    most_on_a_node: int = 1
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -88,18 +90,20 @@ def fleet_types(nodes: Iterable[tuple[NodeView, Mapping[str, Any]]], drivers: Ma
     ``core.dra_slices.SliceInventory`` gives them (its inventory through ``build_node_view``)."""
     found: dict[tuple[Any, ...], list[Any]] = {}
     for view, refs in nodes:
-        seen_here: set[tuple[Any, ...]] = set()
+        here: dict[tuple[Any, ...], int] = {}
+        parents = view_mig_parents(view)
         for u in view.all_units:
             ref = refs.get(u.uuid)
             mapping = drivers.get(ref.driver) if ref is not None else None
-            if mapping is None or (u.kind == "gpu" and u.gpu_uuid in view_mig_parents(view)):
+            if mapping is None or (u.kind == "gpu" and u.gpu_uuid in parents):
                 continue
             key = (ref.driver, u.kind, u.name, u.mig_profile, u.memory_bytes, u.compute_capability)
-            entry = found.setdefault(key, [ref.driver, mapping, u, 0, 0])
+            entry = found.setdefault(key, [ref.driver, mapping, u, 0, 0, 0])
             entry[3] += 1
-            if key not in seen_here:
-                seen_here.add(key)
-                entry[4] += 1
+            here[key] = here.get(key, 0) + 1
+        for key, n in here.items():
+            found[key][4] += 1
+            found[key][5] = max(found[key][5], n)
     return [DeviceType(*v) for _, v in sorted(found.items(), key=lambda kv: tuple(str(x) for x in kv[0]))]
 
 
@@ -236,8 +240,8 @@ def plan_claim(job: Job, types: Sequence[DeviceType], policy: Policy, count: int
         why = next((msg for _, check in criteria.UNIT_CRITERIA if (msg := check(t.unit, job)) is not None), None)
         if why is None and t.unit.kind == "mig" and not t.mapping.device_classes.get("mig"):
             why = f"no DeviceClass is known for {t.driver}'s MIG devices"
-        if why is None and t.count < count:
-            why = f"{t.count} in the cluster, {count} needed on one node"
+        if why is None and t.most_on_a_node < count:
+            why = f"at most {t.most_on_a_node} on one node, {count} needed on one node"
         if why is None:
             fitting.append(t)
         else:

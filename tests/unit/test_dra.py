@@ -393,3 +393,11 @@ def test_gpu_classes_cover_nvidias_gpu_and_mig_classes():
 def test_write_claim_refuses_requests_that_are_not_a_list():
     with pytest.raises(ClaimError, match="must be a list"):
         write_claim({"devices": {"requests": {"a": 1}}}, lambda n: None, {}, "pod x")  # type: ignore[arg-type]
+
+
+def test_a_type_with_too_few_devices_on_any_one_node_is_no_alternative_for_a_larger_request(engine):
+    # four A100s, but never two on one node: a request of two cannot be met by them
+    fleet = fleet_of(engine, [slice_of(f"n{i}", [gpu(0, A100), gpu(1, H100), gpu(2, H100)]) for i in range(4)])
+    plan = plan_claim(engine.job(pod_with_gpus(pod(), 2)), fleet.types(), engine.policy, 2)
+    assert [a.product_name for a in plan.alternatives] == [H100[0]]
+    assert any("at most 1 on one node, 2 needed" in why for _, why in plan.refused)
