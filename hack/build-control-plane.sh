@@ -5,6 +5,8 @@
 #
 #   hack/build-control-plane.sh            # control plane + Helm: build what is missing, print the bin dir
 #   hack/build-control-plane.sh node       # kubelet, kube-proxy, kube-controller-manager, CoreDNS
+#   hack/build-control-plane.sh dra        # hack/dra-test-driver, the DRA kubelet plugin test double
+#   hack/build-control-plane.sh containerd # containerd 1.7 + its runc shim (CDI), for the real node's DRA pods
 #
 # Layout: $GPUPLACE_CACHE (default ~/.cache/gpuplace)/bin/k8s-<ver>/{kube-apiserver,...}
 # k8s.io/kubernetes is built the way kubernetes-sigs/scheduler-plugins consumes it: every
@@ -17,7 +19,9 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v1.7.29}"
 CACHE="${GPUPLACE_CACHE:-$HOME/.cache/gpuplace}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$CACHE/bin"
 export GOFLAGS="-buildvcs=false -trimpath"
 export CGO_ENABLED=0
@@ -161,13 +165,62 @@ build_coredns() {
   rmdir "$tmp"
 }
 
+# The DRA kubelet plugin test double of the real node (hack/dra-test-driver, a module of its own
+# pinned to the k8s.io staging modules of K8S_VERSION). Its recipe is the hash of its sources and
+# ldflags: an edit of main.go, go.mod or go.sum rebuilds it.
+build_dra_test_driver() {
+  local src="$ROOT/hack/dra-test-driver" out="$BIN/dra-test-driver-$K8S_VERSION"
+  local recipe
+  recipe=$( (cat "$src/go.mod" "$src/go.sum" "$src/main.go"; echo "$LDFLAGS") | sha256sum | cut -d' ' -f1)
+  fresh "$out" "$recipe" dra-test-driver && { log "dra-test-driver cached in $out"; return; }
+  mkdir -p "$out"
+  log "building dra-test-driver (hack/dra-test-driver)"
+  (cd "$src" && go build -ldflags "$LDFLAGS" -o "$out/dra-test-driver.new" .)
+  install_bin "$out/dra-test-driver.new" "$out/dra-test-driver"
+  echo "$recipe" > "$out/.recipe"
+}
+
+# containerd 1.7 and its runc shim, for a real node whose pods get devices through CDI (Debian
+# bookworm's containerd 1.6 has no CDI and drops the CRI field CDIDevices the kubelet fills for DRA
+# claims). Built from a small wrapper module, as etcd: containerd's go.mod has an exclude directive,
+# which `go install pkg@version` refuses. Without cgo: no btrfs, devmapper, zfs or aufs snapshotter
+# (the node uses overlayfs), and no seccomp library (the kubelet asks for no seccomp profile).
+build_containerd() {
+  local out="$BIN/containerd-$CONTAINERD_VERSION"
+  local tags="no_btrfs no_devmapper no_zfs no_aufs"
+  # The version stamp of containerd's Makefile (without it: "1.7.29+unknown").
+  local flags="$LDFLAGS -X github.com/containerd/containerd/version.Version=$CONTAINERD_VERSION"
+  local recipe="$flags tags=$tags"
+  fresh "$out" "$recipe" containerd containerd-shim-runc-v2 && { log "containerd $CONTAINERD_VERSION cached"; return; }
+  local mod="$CACHE/src/containerd-$CONTAINERD_VERSION"
+  mkdir -p "$mod" "$out"
+  if [ ! -f "$mod/go.sum" ]; then
+    local gomod excludes
+    gomod=$(cd "$mod" && go mod download -json "github.com/containerd/containerd@$CONTAINERD_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    excludes=$(grep -E '^exclude ' "$gomod" || true)
+    printf 'module gpuplace.local/containerd\n\ngo 1.23.0\n\nrequire github.com/containerd/containerd %s\n\n%s\n' \
+      "$CONTAINERD_VERSION" "$excludes" > "$mod/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/containerd/containerd/cmd/containerd"\n\t_ "github.com/containerd/containerd/cmd/containerd-shim-runc-v2"\n)\n' > "$mod/tools.go"
+    (cd "$mod" && go mod tidy)
+  fi
+  log "building containerd $CONTAINERD_VERSION and containerd-shim-runc-v2 (a minute or two; cached after)"
+  local b
+  for b in containerd containerd-shim-runc-v2; do
+    (cd "$mod" && go build -tags "$tags" -ldflags "$flags" -o "$out/$b.new" "github.com/containerd/containerd/cmd/$b")
+    install_bin "$out/$b.new" "$out/$b"
+  done
+  echo "$recipe" > "$out/.recipe"
+}
+
 what="${1:-all}"
 case "$what" in
   k8s) build_k8s kube-apiserver kube-scheduler kubectl ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
   node) build_k8s kubelet kube-proxy kube-controller-manager; build_coredns ;;
+  dra) build_dra_test_driver ;;
+  containerd) build_containerd ;;
   all) build_etcd; build_k8s kube-apiserver kube-scheduler kubectl; build_helm ;;
-  *) echo "usage: $0 [all|k8s|etcd|helm|node]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|k8s|etcd|helm|node|dra|containerd]" >&2; exit 2 ;;
 esac
 echo "$BIN"

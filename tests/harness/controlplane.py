@@ -961,7 +961,9 @@ class ControlPlane:
 
         Why: some features need what only controllers do, e.g. a ReplicaSet recreating an evicted
         pod (``replicaset``) and PodDisruptionBudget status, without which the Eviction API allows
-        no eviction of a pod a budget selects (``disruption``). The default set is deliberately
+        no eviction of a pod a budget selects (``disruption``), or the ResourceClaims of pods with
+        ResourceClaimTemplates (``resourceclaim-controller``:
+        :data:`tests.harness.dra_driver.DRA_CONTROLLERS`). The default set is deliberately
         small: no node-lifecycle controller (it would taint the kubelet-less nodes), no
         service-account or token controllers (the ``ServiceAccount`` admission plugin is off here),
         no garbage collector (delete a ReplicaSet's pods yourself). It uses the admin kubeconfig

@@ -16,7 +16,9 @@
   node-lifecycle controller, so fake nodes without a kubelet can join the same cluster);
 * **the node**: containerd and runc and the CNI plugins from Debian, kubelet (``cgroupfs``, under a
   cgroup root of its own), kube-proxy (iptables), CoreDNS as the cluster DNS, and
-  :mod:`tests.harness.fake_device_plugin` advertising ``nvidia.com/gpu`` and MIG devices;
+  :mod:`tests.harness.fake_device_plugin` advertising ``nvidia.com/gpu`` and MIG devices, or (and)
+  ``hack/dra-test-driver`` publishing GPUs as DRA devices (``resource.k8s.io/v1`` ResourceSlices;
+  :mod:`tests.harness.dra_driver`);
 * **images** imported into containerd from docker-archive tarballs (nothing is pulled).
 
 Each setting the development machine needs is commented where it is set.
@@ -57,17 +59,20 @@ from tests.harness.controlplane import (
     bin_root,
     wait_for,
 )
+from tests.harness.dra_driver import DRIVER, devices_of, ensure_dra_driver, resource_slices
 from tests.harness.fake_device_plugin import resources_of
 
-__all__ = ["NodeBinaries", "NodeNamespace", "RealCluster", "ensure_node_binaries"]
+__all__ = ["NodeBinaries", "NodeNamespace", "RealCluster", "ensure_containerd", "ensure_node_binaries"]
 
 COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "v1.15.0")
+CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "v1.7.29")
 POD_CIDR = "10.244.0.0/24"
 #: containerd's sandbox image; tests.harness.images builds it from the kubelet's pause.c.
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 #: The node's state directories, each covered by a tmpfs inside the node's mount namespace.
+#: /var/run/cdi: the CDI spec files a DRA driver writes there (hack/dra-test-driver).
 NODE_DIRS = ("/var/lib/kubelet", "/var/lib/containerd", "/run/containerd", "/var/log/pods",
-             "/var/log/containers", "/var/lib/cni", "/run/netns")
+             "/var/log/containers", "/var/lib/cni", "/run/netns", "/var/run/cdi")
 #: Host sysctls the kubelet rewrites (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables)
 #: or kube-proxy may touch; saved before the node starts and restored after.
 HOST_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory", "vm/panic_on_oom",
@@ -95,6 +100,22 @@ def ensure_node_binaries() -> NodeBinaries:
     if missing:
         raise BinariesError(f"build script succeeded but these binaries are missing: {', '.join(missing)}")
     return out
+
+
+def ensure_containerd() -> Path:
+    """Build (or find cached) containerd 1.7 and its runc shim (``hack/build-control-plane.sh
+    containerd``); return the path of ``containerd`` (``containerd-shim-runc-v2`` lies next to it).
+
+    For :class:`RealCluster` ``containerd=``: a node whose pods get their DRA devices through CDI.
+    Debian bookworm's containerd 1.6 has no CDI, and drops the CRI field ``CDIDevices`` through which
+    the kubelet passes a prepared claim's devices (``tests/e2e/test_dra_node.py``); containerd 1.7.2
+    and later apply the CDI specs those ids name. Raises BinariesError if the build fails.
+    """
+    out = bin_root("containerd") / f"containerd-{CONTAINERD_VERSION}"
+    missing = [str(out / b) for b in ("containerd", "containerd-shim-runc-v2") if not os.access(out / b, os.X_OK)]
+    if missing:
+        raise BinariesError(f"build script succeeded but these binaries are missing: {', '.join(missing)}")
+    return out / "containerd"
 
 
 def _run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -295,9 +316,23 @@ class RealCluster:
     """A control plane, kube-controller-manager and one real node with fake GPUs, rooted at ``workdir``.
 
     ``inventory`` is the node's ``NodeGPUInventory`` (its ``nodeName`` is replaced by
-    :attr:`node_name`): the fake device plugin advertises its GPUs and MIG devices, and the node
-    agent of the chart is meant to publish it (``agent.probe: fake``). ``images`` are docker-archive
-    tarballs imported into containerd before any pod starts; one must be :data:`PAUSE_IMAGE`.
+    :attr:`node_name`): the fake device plugin advertises its GPUs and MIG devices (unless
+    ``device_plugin`` is false), and the node agent of the chart is meant to publish it
+    (``agent.probe: fake``). ``images`` are docker-archive tarballs imported into containerd before
+    any pod starts; one must be :data:`PAUSE_IMAGE`.
+
+    ``dra_inventory``: an inventory whose GPUs ``hack/dra-test-driver`` (the DRA test double of
+    NVIDIA's driver, :mod:`tests.harness.dra_driver`) publishes as the node's ResourceSlice of driver
+    ``dra_driver``, besides or instead of the device plugin (pass the same inventory with
+    ``device_plugin=False`` for a node whose GPUs are only DRA devices, as with NVIDIA's DRA driver).
+    The double runs in the node's namespaces with the admin kubeconfig (a test double: the real
+    driver's ServiceAccount may write ResourceSlices and read ResourceClaims, which is all it uses);
+    ``start()`` returns once the kubelet has registered it and its slice is in the API.
+
+    ``containerd``: a containerd binary to run instead of Debian's (:func:`ensure_containerd`:
+    1.7, its ``containerd-shim-runc-v2`` next to it), with CDI injection on (``enable_cdi``, specs
+    from the node's ``/var/run/cdi`` only), so that a DRA pod's container gets the edits of the CDI
+    devices its claim was prepared with. Debian's containerd 1.6 starts such a pod without them.
 
     ``timings`` records how long each phase of ``start()`` took (seconds).
     """
@@ -307,6 +342,10 @@ class RealCluster:
     images: Sequence[Path] = ()
     node_name: str = "gpuplace-node-0"
     node_labels: dict[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    device_plugin: bool = True
+    dra_inventory: dict[str, Any] | None = None
+    dra_driver: str = DRIVER
+    containerd: Path | None = None
 
     timings: dict[str, float] = field(default_factory=dict, init=False)
     ns: NodeNamespace | None = field(default=None, init=False)
@@ -397,15 +436,19 @@ class RealCluster:
         t = self._phase("kubelet", t)
 
         self._start_kube_proxy(binaries)
-        self._start_device_plugin()
-        expected = {name: len(ids) for name, ids in resources_of(self.inventory).items()}
+        if self.device_plugin:
+            self._start_device_plugin()
+            expected = {name: len(ids) for name, ids in resources_of(self.inventory).items()}
 
-        def advertised() -> bool:
-            alloc = core.read_node(self.node_name).status.allocatable or {}
-            return all(alloc.get(k) == str(v) for k, v in expected.items())
+            def advertised() -> bool:
+                alloc = core.read_node(self.node_name).status.allocatable or {}
+                return all(alloc.get(k) == str(v) for k, v in expected.items())
 
-        wait_for(advertised, 60, interval=0.5, message=f"node {self.node_name} does not advertise {expected}")
-        self._phase("kube-proxy + device plugin", t)
+            wait_for(advertised, 60, interval=0.5, message=f"node {self.node_name} does not advertise {expected}")
+        t = self._phase("kube-proxy + device plugin", t)
+        if self.dra_inventory is not None:
+            self._start_dra_driver(api)
+            self._phase("DRA driver", t)
         api.close()
 
     def _start_component(self, name: str, argv: list[str], cwd: Path | None = None) -> _Component:
@@ -427,6 +470,12 @@ class RealCluster:
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }, indent=2))
+        # A containerd of our own build: its own shim (else the first containerd-shim-runc-v2 in
+        # PATH, Debian's, would run the containers), and CDI, which Debian's 1.6 lacks.
+        cdi = runtime_path = ""
+        if self.containerd is not None:
+            cdi = '  enable_cdi = true\n  cdi_spec_dirs = ["/var/run/cdi"]\n'
+            runtime_path = f'      runtime_path = "{self.containerd.parent / "containerd-shim-runc-v2"}"\n'
         config = self.workdir / "containerd.toml"
         config.write_text(f"""version = 2
 root = "/var/lib/containerd"
@@ -438,18 +487,19 @@ state = "/run/containerd"
   # root lacks CAP_SYS_RESOURCE here: without this every sandbox fails with
   # "runc create failed: ... can't get final child's PID from pipe: EOF" (real-node.md).
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+{cdi}  [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+{runtime_path}      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false   # no systemd: cgroupfs, as the kubelet
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 """)
-        comp = self._start_component("containerd", ["containerd", f"--config={config}", "--log-level=info"])
+        comp = self._start_component("containerd", [str(self.containerd or "containerd"), f"--config={config}",
+                                                    "--log-level=info"])
         comp.wait_healthy(lambda: self.ns.run("ctr", "--address", "/run/containerd/containerd.sock", "version",  # type: ignore[union-attr]
                                               check=False).returncode == 0, 30)
 
@@ -543,6 +593,29 @@ state = "/run/containerd"
             sys.executable, "-m", "tests.harness.fake_device_plugin", "--inventory", str(path),
             "--plugin-dir", "/var/lib/kubelet/device-plugins",
         ], cwd=REPO_ROOT)
+
+    def _start_dra_driver(self, api: k8s.ApiClient) -> None:
+        """Run ``hack/dra-test-driver`` in the node's namespaces; wait until the kubelet registered
+        it (its log says so: the kubelet answered ``NotifyRegistrationStatus``) and the node's
+        ResourceSlice holds every device of the inventory."""
+        assert self.cp is not None and self.dra_inventory is not None
+        binary = ensure_dra_driver()
+        inventory = {**self.dra_inventory, "nodeName": self.node_name}
+        path = self.workdir / "dra-inventory.json"
+        path.write_text(json.dumps(inventory, indent=2))
+        comp = self._start_component("dra-test-driver", [
+            str(binary), f"--inventory={path}", f"--node-name={self.node_name}",
+            f"--driver-name={self.dra_driver}", f"--kubeconfig={self.cp.kubeconfig_path}",
+            "--cdi-dir=/var/run/cdi", "--v=2",
+        ])
+        want = sorted(d["name"] for d in devices_of(inventory))
+
+        def published() -> bool:
+            got = sorted(d["name"] for s in resource_slices(api, self.node_name, self.dra_driver)
+                         for d in s["spec"].get("devices", []))
+            return got == want and "registered with the kubelet" in comp.log_path.read_text(errors="replace")
+
+        comp.wait_healthy(published, 60)
 
     def _node_ready(self, core: k8s.CoreV1Api) -> bool:
         node = core.read_node(self.node_name)
