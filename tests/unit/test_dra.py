@@ -401,3 +401,18 @@ def test_a_type_with_too_few_devices_on_any_one_node_is_no_alternative_for_a_lar
     plan = plan_claim(engine.job(pod_with_gpus(pod(), 2)), fleet.types(), engine.policy, 2)
     assert [a.product_name for a in plan.alternatives] == [H100[0]]
     assert any("at most 1 on one node, 2 needed" in why for _, why in plan.refused)
+
+
+@pytest.mark.parametrize("example", ["gpu-a100-mig-0.json", "gpu-a100-mig-1.json", "gpu-h100-0.json", "gpu-4090-0.json",
+                                     "gpu-rtx8000-0.json", "gpu-amd-0.json"])
+def test_the_test_doubles_slice_reads_back_as_the_inventory_it_was_made_from(engine, example):
+    from tests.factories import ROOT
+    from tests.harness.dra_driver import slice_of as double_slice
+    source = json.loads((ROOT / "examples" / "cluster" / example).read_text())
+    read = inventories_from_slices([double_slice(source, "n1")], [], engine.catalog)["n1"].inventory
+    want = [(g["uuid"], g["name"], g["memoryMiB"], g.get("computeCapability"),
+             sorted((m["profile"], m["memoryMiB"]) for m in g.get("migDevices", [])) if g.get("migEnabled") else [])
+            for g in source["gpus"] if g.get("healthy", True) and g.get("vendor", "nvidia") == "nvidia"]
+    got = [(g.uuid, g.name, g.memory_mib, g.compute_capability, sorted((m.profile, m.memory_mib) for m in g.mig_devices))
+           for g in read.gpus]
+    assert sorted(got) == sorted(want)
