@@ -461,8 +461,19 @@ def _start_dra(args: argparse.Namespace, service: ExtenderService, catalog: Any,
     from kubernetes import client
 
     from scheduler_extender.cluster.dra import DraFleet, watchers
+    from kubernetes.client.rest import ApiException
     api = client.ResourceV1Api(client.ApiClient())
-    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers))
+
+    def fetch_claim(namespace: str, name: str) -> Any:
+        try:
+            resp = api.read_namespaced_resource_claim(name, namespace, _preload_content=False, _request_timeout=(2, 3))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return json.loads(resp.data)
+
+    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers), fetch_claim)
     for w in watchers(fleet, api.list_resource_slice, api.list_resource_claim_for_all_namespaces, stop,
                       on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                       watch_timeout_seconds=args.watch_timeout_seconds):

@@ -53,8 +53,13 @@ class DraFleet:
     """Slices and claims by name, and per node its ``SliceInventory`` and ``NodeState``.
     Thread-safe; methods take decoded API objects (dicts)."""
 
-    def __init__(self, catalog: Catalog, drivers: Mapping[str, DriverMapping]) -> None:
+    def __init__(self, catalog: Catalog, drivers: Mapping[str, DriverMapping],
+                 fetch_claim: Callable[[str, str], Mapping[str, Any] | None] | None = None) -> None:
+        """``fetch_claim(namespace, name)``: read one claim from the API server when the watch has
+        not shown it yet (kube-scheduler may ask about a pod the moment its claim is created);
+        None: a claim the watch has not shown is unknown."""
         self.catalog, self.drivers = catalog, drivers
+        self.fetch_claim = fetch_claim
         self._lock = threading.RLock()
         self._slices: dict[str, Mapping[str, Any]] = {}
         self._slices_of_node: dict[str, set[str]] = {}
@@ -157,8 +162,17 @@ class DraFleet:
             self._changed(nodes)
 
     def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The claim from the watch, else (once, outside the lock) from ``fetch_claim``; a fetched
+        claim is not kept: the watch brings it."""
         with self._lock:
-            return self._claims.get(f"{namespace}/{name}")
+            known = self._claims.get(f"{namespace}/{name}")
+        if known is not None or self.fetch_claim is None:
+            return known
+        try:
+            return self.fetch_claim(namespace, name)
+        except Exception as e:  # noqa: BLE001 - an API error: the pod is decided as if it had no such claim
+            log.warning("cannot read ResourceClaim %s/%s: %s: %s", namespace, name, type(e).__name__, e)
+            return None
 
     # ---- reads -----------------------------------------------------------------------------------
     def inventory(self, node: str) -> SliceInventory | None:

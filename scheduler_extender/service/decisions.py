@@ -771,6 +771,19 @@ class ExtenderService:
                 self.metrics.rejections.labels(rej.criterion).inc()
         failed = {n: r.reason for n, r in zip(names, results) if not r.passed and not r.unresolvable}
         unresolvable = {n: r.reason for n, r in zip(names, results) if not r.passed and r.unresolvable}
+        scores = decision.scores
+        if self.filter_returns_best and len(passing) > 1 and all(n in scores for n in passing):
+            # One round trip: only the best-scored nodes pass, every one tied at the best (the
+            # allocator's assumed claims keep a burst's pods off one device, so no reservation
+            # needs a single node here); kube-scheduler's own scores choose among them.
+            top = max(scores[n].best_rank for n in passing)
+            best = next(n for n in passing if scores[n].best_rank == top)
+            for n in passing:
+                sc = scores[n]
+                if sc.best_rank != top:
+                    failed[n] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and node {best} "
+                                 f"{top[0]} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
+            passing = [n for n in passing if scores[n].best_rank == top]
         return dumps(self._result_body(args, passing, failed, unresolvable))
 
     def _dra_prioritize_response(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]) -> bytes:

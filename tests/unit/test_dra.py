@@ -416,3 +416,34 @@ def test_the_test_doubles_slice_reads_back_as_the_inventory_it_was_made_from(eng
     got = [(g.uuid, g.name, g.memory_mib, g.compute_capability, sorted((m.profile, m.memory_mib) for m in g.mig_devices))
            for g in read.gpus]
     assert sorted(got) == sorted(want)
+
+
+def test_with_filter_returns_best_only_the_best_scored_nodes_pass_a_pod_with_a_claim(engine, tmp_path):
+    fleet = fleet_of(engine, [slice_of("h100-node", [gpu(0, H100)]), slice_of("a100-node", [gpu(0, A100)]),
+                              slice_of("a100-node-2", [gpu(0, A100)])])
+    w = written_for(engine, fleet, pod())
+    fleet.apply_claim_event("ADDED", {"metadata": {"name": "c", "namespace": "default",
+                                                   "annotations": {ALTERNATIVES_ANNOTATION: w.annotation()}},
+                                      "spec": w.spec})
+    service = extender_over(engine, fleet, tmp_path)
+    service.filter_returns_best = True
+    result = service.filter(parse_extender_args(json.dumps(
+        {"Pod": pod(claims={"gpu": "c"}), "NodeNames": ["h100-node", "a100-node", "a100-node-2"]}).encode()))
+    assert sorted(result["NodeNames"]) == ["a100-node", "a100-node-2"]  # tied at the best: both pass
+    assert "returns its best-scored nodes only" in result["FailedNodes"]["h100-node"]
+
+
+def test_a_claim_the_watch_has_not_shown_yet_is_read_from_the_api_server(engine):
+    asked = []
+    claim = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {}}
+    fleet = DraFleet(engine.catalog, default_drivers(), lambda ns, name: asked.append((ns, name)) or claim)
+    fleet.replace_claims([])
+    assert fleet.claim("ns", "c") is claim and asked == [("ns", "c")]
+    fleet.apply_claim_event("ADDED", claim)
+    assert fleet.claim("ns", "c") == claim and len(asked) == 1  # the watch has it now
+
+
+def test_an_api_error_reading_a_claim_leaves_it_unknown(engine):
+    def broken(ns, name):
+        raise ConnectionError("refused")
+    assert DraFleet(engine.catalog, default_drivers(), broken).claim("ns", "c") is None
