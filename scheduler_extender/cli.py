@@ -461,19 +461,8 @@ def _start_dra(args: argparse.Namespace, service: ExtenderService, catalog: Any,
     from kubernetes import client
 
     from scheduler_extender.cluster.dra import DraFleet, watchers
-    from kubernetes.client.rest import ApiException
     api = client.ResourceV1Api(client.ApiClient())
-
-    def fetch_claim(namespace: str, name: str) -> Any:
-        try:
-            resp = api.read_namespaced_resource_claim(name, namespace, _preload_content=False, _request_timeout=(2, 3))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return json.loads(resp.data)
-
-    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers), fetch_claim)
+    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers), _object_reader(api.read_namespaced_resource_claim))
     for w in watchers(fleet, api.list_resource_slice, api.list_resource_claim_for_all_namespaces, stop,
                       on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                       watch_timeout_seconds=args.watch_timeout_seconds):
@@ -494,16 +483,15 @@ def dra_drivers(path: str | None) -> Any:
         raise UsageError(f"--dra-drivers {e}") from None
 
 
-def _pod_reader() -> Callable[[str, str], Any]:
-    """``read(namespace, name)``: the pod as decoded JSON, None when it does not exist; raises on
-    any other API error (the claim webhook then refuses, and the controller retries)."""
-    from kubernetes import client
+def _object_reader(read_namespaced: Callable[..., Any]) -> Callable[[str, str], Any]:
+    """``read(namespace, name)`` over a client's ``read_namespaced_*``: the object as decoded JSON,
+    None when it does not exist; raises on any other API error (the claim webhook then refuses,
+    and the controller retries). At most 2 s to connect and 5 s to answer."""
     from kubernetes.client.rest import ApiException
-    core = client.CoreV1Api(client.ApiClient())
 
     def read(namespace: str, name: str) -> Any:
         try:
-            resp = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=(2, 5))
+            resp = read_namespaced(name, namespace, _preload_content=False, _request_timeout=(2, 5))
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -576,7 +564,9 @@ def _serve_http(args: argparse.Namespace, service: ExtenderService, metrics: Ext
     if args.claim_webhook_port and service.dra is not None:
         from scheduler_extender.service.claim_webhook import ClaimWebhook
         from scheduler_extender.service.server import create_webhook_app
-        webhook = ClaimWebhook(service.dra, lambda: service.engine, _pod_reader(), service.namespace_labels_of_name,
+        from kubernetes import client
+        read_pod = _object_reader(client.CoreV1Api(client.ApiClient()).read_namespaced_pod)
+        webhook = ClaimWebhook(service.dra, lambda: service.engine, read_pod, service.namespace_labels_of_name,
                                metrics.claims_written)
         webhook_options = {k: v for k, v in ssl_options.items() if k in ("ssl_certfile", "ssl_keyfile")}
         webhook_config = uvicorn.Config(create_webhook_app(webhook, max_body_bytes=args.max_body_bytes),
