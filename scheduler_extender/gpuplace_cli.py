@@ -108,7 +108,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
-    if args.resource_slices:
+    if args.resource_slices or (args.kubeconfig and pod.spec.resource_claims):
         return _explain_with_claims(args, engine, policy, pod, docs, labels)
     live = None
     try:
@@ -261,31 +261,32 @@ def cmd_claim(args: argparse.Namespace) -> int:
 
 def _explain_with_claims(args: argparse.Namespace, engine: Engine, policy: Policy, pod: Pod, docs: list[Any],
                          labels: Any) -> int:
-    """``gpuplace explain --resource-slices``: the alternatives gpuplace writes into the pod's claim
-    and, per node, the device DRA's allocator would give there and its score."""
-    from scheduler_extender.core.dra_claims import ClaimError, decide_with_claims
+    """``gpuplace explain --resource-slices`` (or ``--kubeconfig`` for a pod with claims): the
+    alternatives gpuplace wrote into the pod's claims (the cluster's) or would write, and per node
+    the device DRA's allocator would give there and its score."""
+    from scheduler_extender.core.dra_claims import ClaimError, decide_with_claims, written_requests
     from scheduler_extender.service.claim_webhook import claim_writer
     try:
         fleet = _dra_fleet(args, engine)
-    except Exception as e:  # noqa: BLE001 - files and their contents
-        print(f"gpuplace: cannot read --resource-slices {args.resource_slices}: {type(e).__name__}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - files, their contents, config, connection and API errors
+        where = f"--resource-slices {args.resource_slices}" if args.resource_slices else f"--kubeconfig {args.kubeconfig}"
+        print(f"gpuplace: cannot read the ResourceSlices of {where}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    args.name, args.device_class = None, getattr(args, "device_class", "gpu.nvidia.com")
-    template = _claim_template(docs, pod, args)
-    spec = (template.get("spec") or {}).get("spec") or {}
     ns_labels = labels.get(pod.namespace) if isinstance(labels, dict) else None
-    try:
-        written = claim_writer(engine, fleet, pod, ns_labels)(spec, f"pod {pod.namespace}/{pod.name}")
-    except ClaimError as e:
-        if args.json:
-            print(json.dumps({"claim": {"refused": str(e)}}, indent=2))
-        else:
-            print(f"claim: refused: {e}\nthe pod stays Pending (its claim is not created)")
-        return 0
-    requests = [(alts_count, alts) for alts, alts_count in
-                ((alts, next((r["firstAvailable"][0].get("count", 1) for r in written.spec["devices"]["requests"]
-                              if r.get("name") == name and r.get("firstAvailable")), 1))
-                 for name, alts in written.written.items())]
+    written = _written_claims(fleet, pod)
+    if written is None:
+        args.name, args.device_class = None, getattr(args, "device_class", "gpu.nvidia.com")
+        template = _claim_template(docs, pod, args)
+        spec = (template.get("spec") or {}).get("spec") or {}
+        try:
+            written = claim_writer(engine, fleet, pod, ns_labels)(spec, f"pod {pod.namespace}/{pod.name}")
+        except ClaimError as e:
+            if args.json:
+                print(json.dumps({"claim": {"refused": str(e)}}, indent=2))
+            else:
+                print(f"claim: refused: {e}\nthe pod stays Pending (its claim is not created)")
+            return 0
+    requests = written_requests(written.spec, written.written)
     names = fleet.node_names()
     decision = decide_with_claims(engine, pod, fleet.states(names), requests, ns_labels)
     if args.json:
@@ -303,6 +304,22 @@ def _explain_with_claims(args: argparse.Namespace, engine: Engine, policy: Polic
     print(f"inventory: {', '.join(sorted({inv.source for n in names if (inv := fleet.inventory(n)) is not None}))}")
     print(render_decision(decision, policy))
     return 0
+
+
+def _written_claims(fleet: Any, pod: Pod) -> Any:
+    """A ``ClaimWrite`` of the claims of ``pod`` (a pod from the cluster: its status names them)
+    that gpuplace wrote already, as the fleet holds them; None when it holds none."""
+    from scheduler_extender.core.dra_claims import ClaimWrite, alternatives_of
+    requests: list[Any] = []
+    written: dict[str, Any] = {}
+    for name in pod.claim_names():
+        claim = fleet.claim(pod.namespace, name)
+        alts = alternatives_of(claim) if claim is not None else None
+        if alts:
+            written.update(alts)
+            requests.extend(((claim.get("spec") or {}).get("devices") or {}).get("requests") or [])
+    return ClaimWrite({"devices": {"requests": requests}}, written, (f"as written in the pod's claims: {len(written)} "
+                                                                      "request(s)",)) if written else None
 
 
 def cmd_defrag(args: argparse.Namespace) -> int:

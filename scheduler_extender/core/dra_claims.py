@@ -402,6 +402,21 @@ def alternatives_of(claim: Mapping[str, Any]) -> dict[str, tuple[Alternative, ..
         return None
 
 
+def written_requests(spec: Mapping[str, Any], written: Mapping[str, Sequence[Alternative]]
+                     ) -> list[tuple[int, tuple[Alternative, ...]]]:
+    """(count, alternatives) of each request of a claim ``spec`` that gpuplace wrote (``written``:
+    request name -> alternatives, ``alternatives_of``); the count is the first subrequest's."""
+    out: list[tuple[int, tuple[Alternative, ...]]] = []
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    for req in (devices.get("requests") if isinstance(devices, Mapping) else None) or ():
+        alts = written.get(str(req.get("name"))) if isinstance(req, Mapping) else None
+        subs = req.get("firstAvailable") if alts else None
+        if alts and isinstance(subs, list) and subs and isinstance(subs[0], Mapping):
+            count = subs[0].get("count", 1)
+            out.append((count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1, tuple(alts)))
+    return out
+
+
 def node_result(state: NodeState, requests: Sequence[tuple[int, Sequence[Alternative]]]) -> NodeResult:
     """Whether the node's free devices (its ResourceSlices less the allocated claims) hold the
     pod's GPU requests, each ``(count, alternatives)``, and which units DRA's first-fit

@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable
 import orjson
 
 from scheduler_extender.core.devices import NodeState
-from scheduler_extender.core.dra_claims import Alternative, alternatives_of, decide_with_claims
+from scheduler_extender.core.dra_claims import Alternative, alternatives_of, decide_with_claims, written_requests
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.served.grouped import GroupedEngine, GroupedResults, NodeGroups, group_nodes
 from scheduler_extender.served.equivalence import state_key
@@ -740,15 +740,8 @@ class ExtenderService:
         for name in pod.claim_names():
             claim = self.dra.claim(pod.namespace, name)
             written = alternatives_of(claim) if claim is not None else None
-            if not written:
-                continue
-            spec = claim.get("spec") or {}  # type: ignore[union-attr]  # claim: found
-            for req in (spec.get("devices") or {}).get("requests") or ():
-                alts = written.get(str(req.get("name"))) if isinstance(req, dict) else None
-                subs = req.get("firstAvailable") if alts and isinstance(req, dict) else None
-                if alts and isinstance(subs, list) and subs and isinstance(subs[0], dict):
-                    count = subs[0].get("count", 1)
-                    out.append((count if isinstance(count, int) and count > 0 else 1, alts))
+            if written:
+                out.extend(written_requests(claim.get("spec") or {}, written))  # type: ignore[union-attr]  # found
         return out or None
 
     def _dra_decide(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]
@@ -836,8 +829,15 @@ def _tie_break(job: Job, grouped: GroupedResults, tied: list[int]) -> int | None
 
 
 def explain_pod(service: ExtenderService, pod: Pod) -> dict[str, Any]:
-    """``POST /explain``: the decision for ``pod`` over every node the source knows."""
+    """``POST /explain``: the decision for ``pod`` over every node the source knows; for a pod
+    whose claims gpuplace wrote, over the nodes with ResourceSlices, as ``/filter`` decides it."""
     engine = service.engine
+    requests = service._dra_requests(pod)
+    if requests is not None and service.dra is not None:
+        names = service.dra.node_names()
+        decision = decide_with_claims(engine, pod, service.dra.states(names), requests,
+                                      service.namespace_labels_of(pod), service.workload_profile())
+        return {**explain_decision(decision, engine.policy), "inventory": "ResourceSlices"}
     names = service.source.node_names()
     decision = engine.decide(pod, service.source.states(names, None), service.source.now(),
                              service.namespace_labels_of(pod), workload=service.workload_profile())

@@ -200,6 +200,14 @@ def test_a_13b_pod_with_a_generic_claim_gets_the_cheapest_device_that_fits_not_t
         assert allocated_device(api, "llm-13b") == "gpu-2"  # the A100, not gpu-0 (the H100, listed first)
         pod = running(api, "llm-13b")
         assert pod.spec.node_name == cluster[0].node_name
+        # gpuplace explain of the live pod reads its claim's alternatives and the node's slices
+        live = cluster[0].kubectl("get", "pod", "llm-13b", "-o", "yaml").stdout
+        out = subprocess.run([sys.executable, "-m", "scheduler_extender.gpuplace_cli", "explain", "-",
+                              "--kubeconfig", str(cluster[0].kubeconfig_path)], input=live,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("claim: as written in the pod's claims")
+        assert "inventory: ResourceSlices of gpu.nvidia.com" in out.stdout
     finally:
         delete(api, "llm-13b")
 

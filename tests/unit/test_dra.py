@@ -447,3 +447,17 @@ def test_an_api_error_reading_a_claim_leaves_it_unknown(engine):
     def broken(ns, name):
         raise ConnectionError("refused")
     assert DraFleet(engine.catalog, default_drivers(), broken).claim("ns", "c") is None
+
+
+def test_explain_decides_a_pod_with_a_written_claim_on_the_slices(engine, tmp_path):
+    from scheduler_extender.core.pod import as_pod
+    from scheduler_extender.service.decisions import explain_pod
+    fleet = fleet_of(engine, [slice_of("h100-node", [gpu(0, H100)]), slice_of("l4-node", [gpu(0, L4)])])
+    w = written_for(engine, fleet, pod())
+    fleet.apply_claim_event("ADDED", {"metadata": {"name": "c", "namespace": "default",
+                                                   "annotations": {ALTERNATIVES_ANNOTATION: w.annotation()}},
+                                      "spec": w.spec})
+    out = explain_pod(extender_over(engine, fleet, tmp_path), as_pod(pod(claims={"gpu": "c"})))
+    assert out["inventory"] == "ResourceSlices"
+    verdicts = {n["node"]: n["verdict"] for n in out["nodes"]}
+    assert verdicts == {"h100-node": "pass", "l4-node": "fail"}

@@ -100,3 +100,25 @@ def test_simulate_accepts_a_fleet_of_resource_slices(capsys):
     assert code == 0, err
     assert "fleet: 3 nodes, 5 GPUs" in out + err  # the A100 split in MIG devices counts once
     assert "\ngpuplace " in out and "\nspread " in out
+
+
+def test_explain_of_a_pod_from_the_cluster_reads_the_alternatives_its_claim_holds(capsys, tmp_path):
+    from scheduler_extender.core.dra_claims import Alternative
+    only_h100 = Alternative("g0-h100", "gpu.nvidia.com", "gpu.nvidia.com", "gpu", "NVIDIA H100 80GB HBM3", None,
+                            81559 * 2**20, None, None, 4.0, "h100-sxm5-80gb")
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "llm-13b-gpu-x", "namespace": "default",
+                          "annotations": {ALTERNATIVES_ANNOTATION: json.dumps({"gpu": [only_h100.to_json()]})}},
+             "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                 {"name": "g0-h100", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]}}}
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((EXAMPLES / "resourceslices.yaml").read_text() + "---\n" + yaml.safe_dump(claim))
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "llm-13b.yaml").read_text()) if d]
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "llm-13b-gpu-x"}]}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    code, out, err = run(capsys, "explain", str(path), "--resource-slices", str(fleet))
+    assert code == 0, err
+    assert out.startswith("claim: as written in the pod's claims")
+    assert "PASS h100-node" in out and "FAIL a100-node" in out  # the claim's own alternatives, not a new plan
