@@ -342,6 +342,20 @@ def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.namespace_labels and not args.inventory_dir:
         raise UsageError("--namespace-labels is for static mode (--inventory-dir); "
                          "cluster mode reads namespace labels from the API server")
+    if (args.dra or args.dra_drivers) and args.inventory_dir:
+        raise UsageError("--dra and --dra-drivers are for cluster mode; gpuplace explain --resource-slices reads "
+                         "slices from a file")
+    if args.dra_drivers and not args.dra:
+        raise UsageError("--dra-drivers needs --dra")
+    if args.claim_webhook_port:
+        if not args.dra:
+            raise UsageError("--claim-webhook-port needs --dra (the webhook reads the cluster's ResourceSlices)")
+        if not args.tls_cert_file:
+            raise UsageError("--claim-webhook-port needs --tls-cert-file and --tls-key-file: kube-apiserver calls "
+                             "webhooks over HTTPS only")
+        if args.claim_webhook_port in (args.port, args.health_port) or not 0 < args.claim_webhook_port < 65536:
+            raise UsageError(f"--claim-webhook-port {args.claim_webhook_port}: must be a free port other than --port "
+                             "and --health-port")
     return ssl_options
 
 

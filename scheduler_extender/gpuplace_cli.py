@@ -13,6 +13,7 @@ import yaml
 
 from node_agent.version import add_version_argument
 from scheduler_extender.core.catalog import CatalogEntry, UnknownModelError, default_catalog, normalize_token
+from scheduler_extender.core.dra_claims import MAX_COUNT
 from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 from scheduler_extender.core.policy import Policy, PolicyError, load_policy, policy_json_schema
@@ -109,6 +110,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"gpuplace: {e}", file=sys.stderr)
         return 2
     if args.resource_slices or (args.kubeconfig and pod.spec.resource_claims):
+        if not 1 <= args.count <= MAX_COUNT:
+            print(f"gpuplace: --count {args.count}: must be from 1 to {MAX_COUNT}", file=sys.stderr)
+            return 2
         return _explain_with_claims(args, engine, policy, pod, docs, labels)
     live = None
     try:
@@ -215,10 +219,10 @@ def _claim_template(docs: list[Any], pod: Pod, args: argparse.Namespace) -> dict
 
 def cmd_claim(args: argparse.Namespace) -> int:
     """``gpuplace claim POD.yaml``: the pod's ResourceClaimTemplate as the claim webhook writes it."""
-    from scheduler_extender.core.dra_claims import ALTERNATIVES_ANNOTATION, ClaimError
+    from scheduler_extender.core.dra_claims import ALTERNATIVES_ANNOTATION, CLAIMS_ANNOTATION, ClaimError
     from scheduler_extender.service.claim_webhook import claim_writer
-    if args.count < 1:
-        print(f"gpuplace: --count {args.count}: must be at least 1", file=sys.stderr)
+    if not 1 <= args.count <= MAX_COUNT:
+        print(f"gpuplace: --count {args.count}: must be from 1 to {MAX_COUNT}", file=sys.stderr)
         return 2
     try:
         policy = load_policy(args.policy)
@@ -238,6 +242,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
         print(f"gpuplace: cannot read the cluster's ResourceSlices: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     template = _claim_template(docs, pod, args)
+    if pod.annotations.get(CLAIMS_ANNOTATION) == "leave":
+        print(f"# {CLAIMS_ANNOTATION}: leave: the template as written", file=sys.stderr)
+        print(yaml.safe_dump(template, sort_keys=False), end="")
+        return 0
     spec = ((template.get("spec") or {}).get("spec")) if isinstance(template.get("spec"), dict) else None
     if not isinstance(spec, dict):
         print(f"gpuplace: ResourceClaimTemplate {(template.get('metadata') or {}).get('name')}: no spec.spec",

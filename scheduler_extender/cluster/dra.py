@@ -91,7 +91,13 @@ class DraFleet:
         old = self._slices.pop(name, None)
         node = _slice_node(old) if old is not None else None
         if node is not None:
-            self._slices_of_node.get(node, set()).discard(name)
+            names = self._slices_of_node.get(node)
+            if names is not None:
+                names.discard(name)
+                if not names:  # the node's last slice: forget the node and its pools
+                    del self._slices_of_node[node]
+                    for pool in [p for p, n in self._node_of_pool.items() if n == node]:
+                        del self._node_of_pool[pool]
         return node
 
     def _put_slice(self, obj: Mapping[str, Any]) -> list[str | None]:
@@ -130,8 +136,9 @@ class DraFleet:
     def _drop_claim(self, key: str) -> list[str | None]:
         self._claims.pop(key, None)
         old = self._claim_devices.pop(key, {})
-        for k in old:
-            self._holders.pop(k, None)
+        for k, holder in old.items():
+            if self._holders.get(k) == holder:  # not a device another claim holds now
+                del self._holders[k]
         return self._nodes_of(old)
 
     def _put_claim(self, obj: Mapping[str, Any]) -> list[str | None]:
@@ -245,7 +252,9 @@ def watchers(fleet: DraFleet, list_slices: Callable[..., Any], list_claims: Call
     timeout = watch_timeout_seconds or WATCH_TIMEOUT_SECONDS
     return [
         ResourceWatcher("resourceslices", list_slices, None, stop, on_relist=on_relist, watch_timeout_seconds=timeout,
-                        replace=fleet.replace_slices, apply=fleet.apply_slice_event),
+                        replace=fleet.replace_slices, apply=fleet.apply_slice_event,
+                        unsynced=lambda: setattr(fleet, "slices_synced", False)),
         ResourceWatcher("resourceclaims", list_claims, None, stop, on_relist=on_relist, watch_timeout_seconds=timeout,
-                        replace=fleet.replace_claims, apply=fleet.apply_claim_event),
+                        replace=fleet.replace_claims, apply=fleet.apply_claim_event,
+                        unsynced=lambda: setattr(fleet, "claims_synced", False)),
     ]

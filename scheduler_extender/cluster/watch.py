@@ -64,7 +64,8 @@ class ResourceWatcher:
 
     ``replace`` and ``apply``, when given, receive the listed objects and each watch event
     instead of the cache (``cache`` may then be None): the same loop for one object outside the
-    cache, such as the policy ConfigMap (``policy_configmap``).
+    cache, such as the policy ConfigMap (``policy_configmap``); ``unsynced`` is then called when a
+    list or watch fails (the next full list syncs again).
     """
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache | None,
@@ -72,7 +73,8 @@ class ResourceWatcher:
                  on_relist: Callable[[str], None] | None = None,
                  watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS, *,
                  replace: Callable[[list[dict[str, Any]]], None] | None = None,
-                 apply: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 apply: Callable[[str, dict[str, Any]], None] | None = None,
+                 unsynced: Callable[[], None] | None = None) -> None:
         self.kind = kind
         self._list = list_fn
         self._cache = cache
@@ -83,6 +85,7 @@ class ResourceWatcher:
         self._watch_timeout = watch_timeout_seconds
         self._replace = replace or self._replace_in_cache
         self._apply = apply or self._apply_to_cache
+        self._unsynced = unsynced
 
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self._field_selector} if self._field_selector else {}
@@ -156,6 +159,8 @@ class ResourceWatcher:
         return rv
 
     def _mark_unsynced(self) -> None:
+        if self._unsynced is not None:
+            self._unsynced()
         if self._cache is None:
             return
         if self.kind == "nodes":

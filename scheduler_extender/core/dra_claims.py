@@ -17,8 +17,8 @@ DeviceClass of a mapped driver, ``core.dra_slices``), a ``firstAvailable`` list:
   product name, the MIG profile, memory at least the need (``quantity``), compute capability at
   least the need (``semver``), each attribute guarded with ``in`` so that a device without it is
   not selected rather than failing the claim;
-* at most ``MAX_ALTERNATIVES`` (the API's ``FirstAvailableDeviceRequestMaxSize``); beyond seven
-  types, the eighth subrequest joins the rest with ``||`` in their order's place.
+* at most ``MAX_ALTERNATIVES`` (the API's ``FirstAvailableDeviceRequestMaxSize``): the cheapest
+  eight; the dearer types left out are named in the claim's note.
 
 The pod's own selectors on the request are kept in every subrequest. A request gpuplace does not
 write (another class, ``allocationMode: All``, ``adminAccess``, already a ``firstAvailable``
@@ -55,8 +55,10 @@ ALTERNATIVES_ANNOTATION = "claims.gpuplace.io/alternatives"
 reads to predict the device each node would give (``node_result``)."""
 MAX_ALTERNATIVES = 8
 """``FirstAvailableDeviceRequestMaxSize`` (k8s.io/api resource/v1 types.go)."""
-MAX_CEL_CHARS = 10 * 1024
-"""``CELSelectorExpressionMaxLength``: a longer selector is refused by the API server."""
+MAX_REQUESTS = 32
+"""``DeviceRequestsMaxSize`` (k8s.io/api resource/v1): requests of one claim."""
+MAX_COUNT = 32
+"""``AllocationResultsMaxSize``: devices one claim can be allocated; a larger count is refused."""
 
 Kind = Literal["gpu", "mig"]
 
@@ -167,31 +169,36 @@ def _cel_string(text: str) -> str:
 
 def cel_of(alt: Alternative, mapping: DriverMapping) -> str:
     """The CEL selector of one alternative (module docstring): every condition on an attribute
-    or capacity is guarded by ``in``, so a device without it is not selected."""
-    d = _cel_string(mapping.driver)
-    attrs, caps = f"device.attributes[{d}]", f"device.capacity[{d}]"
+    or capacity is guarded by ``in``, so a device without it is not selected. A mapping name in
+    another domain (``resource.kubernetes.io/pcieRoot``) is looked up in that domain."""
 
-    def attr(name: str | None, value: str) -> str:
+    def where(kind: str, name: str) -> tuple[str, str]:
+        domain, _, key = mapping.qualified(name).rpartition("/")
+        return f"device.{kind}[{_cel_string(domain)}]", _cel_string(key)
+
+    def attr(name: str | None, value: str) -> str | None:
         if name is None:
-            return "true"
-        key = _cel_string(name)
-        return f"{key} in {attrs} && {attrs}[{key}] == {_cel_string(value)}"
+            return None
+        m, key = where("attributes", name)
+        return f"{key} in {m} && {m}[{key}] == {_cel_string(value)}"
 
-    parts = [f"device.driver == {d}"]
+    parts: list[str | None] = [f"device.driver == {_cel_string(mapping.driver)}"]
     if mapping.type_attribute is not None:
-        parts.append(attr(mapping.type_attribute, mapping.mig_type if alt.kind == "mig" else mapping.gpu_type or ""))
+        parts.append(attr(mapping.type_attribute, (mapping.mig_type if alt.kind == "mig" else mapping.gpu_type) or ""))
     parts.append(attr(mapping.product_name_attribute, alt.product_name))
     if alt.kind == "mig" and alt.mig_profile is not None:
         parts.append(attr(mapping.mig_profile_attribute, alt.mig_profile))
     if alt.need_bytes is not None:
-        mem = _cel_string(mapping.memory_capacity)
+        m, key = where("capacity", mapping.memory_capacity)
         need_mib = -(-alt.need_bytes // MIB)
-        parts.append(f"{mem} in {caps} && {caps}[{mem}].compareTo(quantity(\"{need_mib}Mi\")) >= 0")
+        parts.append(f"{key} in {m} && {m}[{key}].compareTo(quantity(\"{need_mib}Mi\")) >= 0")
     if alt.min_compute_capability is not None and mapping.compute_capability_attribute is not None:
-        key = _cel_string(mapping.compute_capability_attribute)
+        m, key = where("attributes", mapping.compute_capability_attribute)
         major, minor = alt.min_compute_capability
-        parts.append(f"{key} in {attrs} && {attrs}[{key}].compareTo(semver(\"{major}.{minor}.0\")) >= 0")
-    return " && ".join(p for p in parts if p != "true")
+        # A version attribute (DeviceAttribute.version) is a semver in DRA's CEL; the mapping's
+        # computeCapabilityAttribute must be one (data/dra-drivers.yaml).
+        parts.append(f"{key} in {m} && {m}[{key}].compareTo(semver(\"{major}.{minor}.0\")) >= 0")
+    return " && ".join(p for p in parts if p)
 
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
@@ -199,7 +206,7 @@ _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 
 def _subrequest_name(i: int, t: DeviceType) -> str:
     u = t.unit
-    slug = (u.entry.id if u.entry is not None else _NAME_CHARS.sub("-", u.model.lower())).strip("-")
+    slug = _NAME_CHARS.sub("-", (u.entry.id if u.entry is not None else u.model).lower()).strip("-")
     if u.mig_profile:
         slug += "-" + _NAME_CHARS.sub("-", u.mig_profile.lower())
     return f"g{i}-{slug}"[:63].rstrip("-")
@@ -238,8 +245,8 @@ def plan_claim(job: Job, types: Sequence[DeviceType], policy: Policy, count: int
     refused: list[tuple[DeviceType, str]] = []
     for t in types:
         why = next((msg for _, check in criteria.UNIT_CRITERIA if (msg := check(t.unit, job)) is not None), None)
-        if why is None and t.unit.kind == "mig" and not t.mapping.device_classes.get("mig"):
-            why = f"no DeviceClass is known for {t.driver}'s MIG devices"
+        if why is None and not t.mapping.device_classes.get(t.unit.kind):
+            why = f"no DeviceClass is known for {t.driver}'s {'MIG devices' if t.unit.kind == 'mig' else 'GPUs'}"
         if why is None and t.most_on_a_node < count:
             why = f"at most {t.most_on_a_node} on one node, {count} needed on one node"
         if why is None:
@@ -260,7 +267,7 @@ def plan_claim(job: Job, types: Sequence[DeviceType], policy: Policy, count: int
     for i, t in enumerate(fitting):
         u = t.unit
         alternatives.append(Alternative(
-            _subrequest_name(i, t), t.mapping.device_classes.get(u.kind) or t.mapping.device_classes.get("gpu", ""),
+            _subrequest_name(i, t), t.mapping.device_classes[u.kind],
             t.driver, u.kind, u.name, u.mig_profile, u.memory_bytes, need,
             cc_need[0] if cc_need is not None and u.vendor == "nvidia" else None,
             policy.cost_per_gpu_hour(u.entry) * u.cost_fraction, u.entry.id if u.entry else None))
@@ -318,9 +325,14 @@ def write_claim(spec: Mapping[str, Any], plan_for: Callable[[int], ClaimPlan], c
     ``firstAvailable`` in gpuplace's order (module docstring). ``plan_for(count)`` plans a request
     of ``count`` devices for the pod; ``classes``: ``gpu_classes`` of the mapped drivers.
 
+    A request of a MIG class, or with selectors of its own (written for its class's devices), gets
+    alternatives of its class only; a request of a GPU class without selectors gets MIG devices too.
+    At most ``MAX_ALTERNATIVES`` are written, the cheapest; a note names those left out.
+
     Raises:
         ClaimError: a GPU request that no device type of the fleet fits (gpuplace's reason, naming
-            ``what``), or a ``devices.requests`` that is not a list of mappings.
+            ``what``); ``devices.requests`` not a list of mappings, or more than
+            ``MAX_REQUESTS``; a ``count`` that is not a whole number from 1 to ``MAX_COUNT``.
     """
     new = json.loads(json.dumps(spec))  # a copy we may change; specs are JSON
     devices = new.get("devices")
@@ -329,8 +341,12 @@ def write_claim(spec: Mapping[str, Any], plan_for: Callable[[int], ClaimPlan], c
         return ClaimWrite(new, {}, ("no device requests",))
     if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
         raise ClaimError(f"gpuplace: {what}: spec.devices.requests must be a list of requests")
+    if len(requests) > MAX_REQUESTS:
+        raise ClaimError(f"gpuplace: {what}: spec.devices.requests has {len(requests)} requests; the API allows "
+                         f"{MAX_REQUESTS}")
     written: dict[str, tuple[Alternative, ...]] = {}
     notes: list[str] = []
+    by_driver = {m.driver: m for m in classes.values()}
     for i, req in enumerate(requests):
         name = req.get("name") if isinstance(req.get("name"), str) else f"#{i}"
         exactly = req.get("exactly")
@@ -338,51 +354,47 @@ def write_claim(spec: Mapping[str, Any], plan_for: Callable[[int], ClaimPlan], c
             notes.append(f"request {name}: left as written ({'firstAvailable' if 'firstAvailable' in req else 'no exactly'})")
             continue
         cls = exactly.get("deviceClassName")
-        if cls not in classes:
-            notes.append(f"request {name}: DeviceClass {cls!r} selects no GPUs of a mapped driver; left as written")
+        if not isinstance(cls, str) or cls not in classes:
+            notes.append(f"request {name}: DeviceClass {str(cls)[:64]!r} selects no GPUs of a mapped driver; "
+                         "left as written")
             continue
         if exactly.get("allocationMode", "ExactCount") != "ExactCount" or exactly.get("adminAccess"):
             notes.append(f"request {name}: allocationMode All or adminAccess; left as written")
             continue
         count = exactly.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ClaimError(f"gpuplace: {what}: request {name}: count must be a whole number of at least 1, "
-                             f"not {count!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+            raise ClaimError(f"gpuplace: {what}: request {name}: count must be a whole number from 1 to "
+                             f"{MAX_COUNT}, not {str(count)[:32]!r}")
         plan = plan_for(count)
+        own = _selectors(exactly)
+        mapping = classes[cls]
+        if own or mapping.device_classes.get("mig") == cls:
+            # Its own selectors are written for its class's devices (an attribute another kind lacks
+            # is a CEL error, which fails the allocation): alternatives of its class only.
+            plan = dataclasses.replace(plan, alternatives=tuple(a for a in plan.alternatives if a.device_class == cls))
         if not plan.alternatives:
-            raise ClaimError(plan.reason(what))
-        subs, used = _subrequests(plan, exactly, classes)
+            raise ClaimError(plan.reason(what) if plan.error or not plan.refused or not own else
+                             f"gpuplace: {what}: request {name}: no device type of DeviceClass {cls} fits")
+        used = plan.alternatives[:MAX_ALTERNATIVES]
+        subs = [_subrequest(a, plan.count, own, exactly, by_driver[a.driver]) for a in used]
         requests[i] = {"name": req.get("name"), "firstAvailable": subs}
         written[str(req.get("name"))] = used
-        notes.append(f"request {name}: {count}x " + ", then ".join(a.describe() for a in plan.alternatives))
+        left = plan.alternatives[MAX_ALTERNATIVES:]
+        notes.append(f"request {name}: {count}x " + ", then ".join(a.describe() for a in used)
+                     + (f" ({len(left)} dearer device types left out: the API allows {MAX_ALTERNATIVES} alternatives: "
+                        + ", ".join(a.describe() for a in left[:8]) + ")" if left else ""))
     return ClaimWrite(new, written, tuple(notes))
 
 
-def _subrequests(plan: ClaimPlan, exactly: Mapping[str, Any], classes: Mapping[str, DriverMapping]
-                 ) -> tuple[list[dict[str, Any]], tuple[Alternative, ...]]:
-    """The ``firstAvailable`` subrequests, and the alternatives they hold in order."""
-    alts = plan.alternatives
-    own = _selectors(exactly)
-    groups: list[list[Alternative]] = [[a] for a in alts[:MAX_ALTERNATIVES - 1]]
-    if len(alts) >= MAX_ALTERNATIVES:
-        # The rest in one subrequest of their class (each a selector of its own joined by ||).
-        rest = alts[MAX_ALTERNATIVES - 1:]
-        by_class: dict[str, list[Alternative]] = {}
-        for a in rest:
-            by_class.setdefault(a.device_class, []).append(a)
-        groups.append(next(iter(by_class.values())))  # the first class of the rest, in order
-    out = []
-    for group in groups:
-        first = group[0]
-        mapping = classes[first.device_class]  # one class is one driver's
-        cel = " || ".join(f"({cel_of(a, mapping)})" if len(group) > 1 else cel_of(a, mapping) for a in group)
-        sub: dict[str, Any] = {"name": first.name, "deviceClassName": first.device_class,
-                               "selectors": [*own, {"cel": {"expression": cel}}],
-                               "allocationMode": "ExactCount", "count": plan.count}
-        if isinstance(exactly.get("tolerations"), list):
-            sub["tolerations"] = exactly["tolerations"]
-        out.append(sub)
-    return out, tuple(a for g in groups for a in g)
+def _subrequest(a: Alternative, count: int, own: list[Any], exactly: Mapping[str, Any], mapping: DriverMapping
+                ) -> dict[str, Any]:
+    """One ``firstAvailable`` subrequest: the pod's own selectors, then the alternative's CEL."""
+    sub: dict[str, Any] = {"name": a.name, "deviceClassName": a.device_class,
+                           "selectors": [*own, {"cel": {"expression": cel_of(a, mapping)}}],
+                           "allocationMode": "ExactCount", "count": count}
+    if isinstance(exactly.get("tolerations"), list):
+        sub["tolerations"] = exactly["tolerations"]
+    return sub
 
 
 # ---- the node a DRA pod would get ---------------------------------------------------------------
@@ -398,7 +410,7 @@ def alternatives_of(claim: Mapping[str, Any]) -> dict[str, tuple[Alternative, ..
     try:
         obj = json.loads(text)
         return {str(k): tuple(Alternative.from_json(a) for a in v) for k, v in obj.items()}
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
         return None
 
 

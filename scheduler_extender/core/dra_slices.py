@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from node_agent.inventory import API_VERSION, GPU, KIND, NodeGPUInventory, format_validation_error
 from scheduler_extender.core.catalog import Catalog
@@ -75,6 +75,17 @@ class DriverMapping(_Shape):
     device_classes: dict[Literal["gpu", "mig"], StrictStr] = Field(default_factory=dict, alias="deviceClasses")
     """The DeviceClass that selects this driver's devices of each kind (what a claim names)."""
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "DriverMapping":
+        if self.type_attribute is not None and not self.gpu_type:
+            raise ValueError(f"driver {self.driver}: typeAttribute needs gpuType (the value of a whole GPU)")
+        if "gpu" not in self.device_classes:
+            raise ValueError(f"driver {self.driver}: deviceClasses needs gpu: the DeviceClass a claim names for "
+                             "its GPUs")
+        if "mig" in self.device_classes and not self.mig_type:
+            raise ValueError(f"driver {self.driver}: deviceClasses.mig needs migType")
+        return self
+
     def qualified(self, name: str) -> str:
         """``name`` as a fully qualified attribute or capacity name (``gpu.nvidia.com/productName``)."""
         return name if "/" in name else f"{self.driver}/{name}"
@@ -106,7 +117,18 @@ def parse_driver_table(text: str, source: str) -> dict[str, DriverMapping]:
         if m.driver in out:
             raise DriverTableError(f"{source}: driver {m.driver} is listed twice")
         out[m.driver] = m
+    _unique_classes(out, source)
     return out
+
+
+def _unique_classes(drivers: Mapping[str, DriverMapping], source: str) -> None:
+    """Raises DriverTableError when one DeviceClass is named for two drivers (a claim names a class:
+    it must say whose devices it asks for)."""
+    seen: dict[str, str] = {}
+    for m in drivers.values():
+        for cls in m.device_classes.values():
+            if seen.setdefault(cls, m.driver) != m.driver:
+                raise DriverTableError(f"{source}: DeviceClass {cls} is named for drivers {seen[cls]} and {m.driver}")
 
 
 @lru_cache(maxsize=1)
@@ -129,6 +151,7 @@ def drivers_with_file(path: str | None) -> dict[str, DriverMapping]:
         except (OSError, UnicodeDecodeError) as e:
             raise DriverTableError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
         drivers.update(parse_driver_table(text, path))
+        _unique_classes(drivers, f"{path} with the shipped drivers")
     return drivers
 
 
@@ -240,7 +263,7 @@ class _Read:
 
 
 _INDEX = re.compile(r"^gpu-([0-9]{1,4})$")
-_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:[-+].*)?$")
+_VERSION = re.compile(r"^([0-9]{1,3})\.([0-9]{1,3})(?:\.[0-9]{1,9})?(?:[-+].*)?$")
 
 
 def _attr(device: Device, mapping: DriverMapping, name: str | None) -> Attribute | None:
@@ -325,7 +348,10 @@ def _read_slice(sl: ResourceSlice, mapping: DriverMapping, read: _Read, catalog:
                                   f"{mapping.mig_profile_attribute}: left out")
                 continue
             read.migs.append((parent, {"uuid": uuid, "profile": profile, "memoryMiB": memory}))
-            if parent not in read.gpus:
+            if parent in read.gpus:
+                # The whole GPU is published too (dynamic MIG's partitionable devices): read as MIG.
+                read.gpus[parent]["migEnabled"] = True
+            else:
                 entry = catalog.resolve_driver_name(product)
                 read.gpus[parent] = {"uuid": parent, "vendor": mapping.vendor, "name": product,
                                      "memoryMiB": entry.memory_mib if entry else 0, "architecture": arch,
@@ -334,12 +360,16 @@ def _read_slice(sl: ResourceSlice, mapping: DriverMapping, read: _Read, catalog:
             read.devices[uuid] = ref
             continue
         m = _INDEX.match(device.name)
-        gpu = read.gpus.setdefault(uuid, {})
+        gpu = read.gpus.setdefault(uuid, {"migEnabled": False, "_order": (len(read.gpus), None)})
         gpu.update({"uuid": uuid, "vendor": mapping.vendor, "name": product, "memoryMiB": memory,
                     "architecture": arch, "computeCapability": cc,
                     "pciBusId": _text(device, mapping, mapping.pci_bus_id_attribute),
-                    "_order": (len(read.gpus), int(m.group(1)) if m else None)})
+                    "_order": (gpu["_order"][0], int(m.group(1)) if m else None)})
         read.devices[uuid] = ref
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def claim_holders(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
@@ -349,11 +379,9 @@ def claim_holders(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, s
     for claim in claims:
         if not isinstance(claim, Mapping):
             continue
-        meta = claim.get("metadata") or {}
-        status = claim.get("status") or {}
-        allocation = status.get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
-        if not results:
+        meta, status = _mapping(claim.get("metadata")), _mapping(claim.get("status"))
+        results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results")
+        if not isinstance(results, list) or not results:
             continue
         ns = meta.get("namespace") or "default"
         holder = next((f"{ns}/{r.get('name')}" for r in status.get("reservedFor") or []
@@ -362,7 +390,8 @@ def claim_holders(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, s
                                  if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("name")), None)
         holder = holder or f"{ns}/{meta.get('name') or '?'}"
         for r in results:
-            if isinstance(r, Mapping):
+            # An adminAccess result (a monitoring claim) does not take the device from others.
+            if isinstance(r, Mapping) and not r.get("adminAccess"):
                 out[(str(r.get("driver")), str(r.get("pool")), str(r.get("device")))] = holder
     return out
 
@@ -415,14 +444,17 @@ def inventories_from_slices(slices: Iterable[Mapping[str, Any]], claims: Iterabl
             read.notes.append(f"driver {spec.driver} is not mapped (its {len(spec.devices)} devices are not read; "
                               "add it with --dra-drivers)")
             continue
-        _read_slice(sl, mapping, read, catalog)
+        try:
+            _read_slice(sl, mapping, read, catalog)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:  # what a slice's content can raise
+            read.notes.append(f"ResourceSlice {sl.metadata.name or '?'}: not read: {type(e).__name__}: {e}")
     for node in notes_by_node:
         reads.setdefault(node, _Read())  # a node whose slices could not be read: its notes say why
     held = claim_holders(claims) if holders is None else holders
     out: dict[str, SliceInventory] = {}
     for node, read in sorted(reads.items()):
         for parent, mig in read.migs:
-            read.gpus[parent]["migDevices"].append(mig)
+            read.gpus[parent].setdefault("migDevices", []).append(mig)
         gpus = sorted(read.gpus.values(), key=lambda g: g["_order"][0])
         named = {g["uuid"]: g["_order"][1] for g in gpus if g["_order"][1] is not None}
         used = set(named.values())

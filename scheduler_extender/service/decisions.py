@@ -403,6 +403,8 @@ class ExtenderService:
         requests = self._dra_requests(args.Pod)
         if requests is not None:
             return self._dra_filter_response(args, requests)
+        if self.dra is not None and args.Pod.spec.resource_claims:
+            return self._dra_neutral_filter(args)
         if self._reserve_in is None:
             return self._filter_response(args)
         with self._filter_lock:
@@ -661,6 +663,8 @@ class ExtenderService:
         requests = self._dra_requests(args.Pod)
         if requests is not None:
             return self._dra_prioritize_response(args, requests)
+        if self.dra is not None and args.Pod.spec.resource_claims:
+            return dumps([{"Host": n, "Score": 0} for n in args.node_names()])
         if self._reserve_in is None:
             return self._prioritize_response(args)[0]
         with self._filter_lock:
@@ -739,6 +743,8 @@ class ExtenderService:
         out: list[tuple[int, tuple[Alternative, ...]]] = []
         for name in pod.claim_names():
             claim = self.dra.claim(pod.namespace, name)
+            if claim is not None and (claim.get("status") or {}).get("allocation"):
+                continue  # allocated already (a retry, a shared claim): its devices and node are decided
             written = alternatives_of(claim) if claim is not None else None
             if written:
                 out.extend(written_requests(claim.get("spec") or {}, written))  # type: ignore[union-attr]  # found
@@ -753,8 +759,23 @@ class ExtenderService:
         return names, decide_with_claims(self.engine, args.Pod, self.dra.states(names), requests,
                                          self.namespace_labels_of(args.Pod), self.workload_profile())
 
+    def _dra_neutral_filter(self, args: ExtenderArgs) -> bytes:
+        """A pod with claims gpuplace did not write (``gpuplace.io/claims: leave``, no ``gpuplace.io/``
+        annotation, a claim by name, an allocated one): every node kube-scheduler's DRA plugin
+        passed passes, and ``/prioritize`` scores 0; DRA's allocator decides. Never decided as a
+        pod without devices, whose score would keep it off nodes with free GPUs."""
+        self._last_filter_at = time.monotonic()
+        self.metrics.decisions.labels("not_gpu").inc()
+        return dumps(self._result_body(args, args.node_names(), {}, {}))
+
     def _dra_filter_response(self, args: ExtenderArgs, requests: list[tuple[int, tuple[Alternative, ...]]]) -> bytes:
         self._last_filter_at = time.monotonic()
+        assert self.dra is not None
+        if not self.dra.synced:
+            why = ("gpuplace has not read the cluster's ResourceSlices and ResourceClaims yet (its watch is starting "
+                   "or failing: see the extender's log)")
+            self.metrics.decisions.labels("unschedulable").inc()
+            return dumps(self._result_body(args, [], dict.fromkeys(args.node_names(), why), {}))
         names, decision = self._dra_decide(args, requests)
         results = decision.results
         passing = [n for n, r in zip(names, results) if r.passed]

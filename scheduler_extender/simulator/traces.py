@@ -154,7 +154,7 @@ def resource_slice_nodes(path: str | Path, catalog: Catalog) -> list[SimNode]:
     from scheduler_extender.core.dra_slices import inventories_from_slices, split_objects
     try:
         docs = list(yaml.load_all(Path(path).read_text(encoding="utf-8"), Loader=NoAliasLoader))
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:  # ValueError: an int of 5,000 digits
         raise TraceError(f"{path}: {e}") from None
     objects = split_objects(docs)
     inventories = inventories_from_slices(objects.get("ResourceSlice", []), objects.get("ResourceClaim", []), catalog)

@@ -230,14 +230,82 @@ def test_the_pods_own_selectors_and_count_are_kept_in_every_alternative(engine):
     assert subs and all(s["selectors"][0] == own and s["count"] == 2 for s in subs)
 
 
-def test_more_types_than_the_api_allows_are_joined_in_the_last_alternative(engine):
+def test_beyond_the_eight_alternatives_the_api_allows_the_dearer_types_are_left_out_and_named(engine):
     memories = [f"{40 + i}Gi" for i in range(MAX_ALTERNATIVES + 3)]
-    fleet = fleet_of(engine, [slice_of(f"n{i}", [gpu(0, (A100[0], m, "8.0.0"))]) for i, m in enumerate(memories)])
+    fleet = fleet_of(engine, [slice_of(f"n{i}", [gpu(0, (A100[0], m, "8.0.0"))]) for i, m in enumerate(memories)]
+                     + [slice_of("mig", [mig(0, "GPU-m", 0)])])
     w = written_for(engine, fleet, pod())
     subs = w.spec["devices"]["requests"][0]["firstAvailable"]
-    assert len(subs) == MAX_ALTERNATIVES
-    assert subs[-1]["selectors"][-1]["cel"]["expression"].count(" || ") == 3
-    assert len(w.written["gpu"]) == len(memories)
+    assert len(subs) == MAX_ALTERNATIVES == len(w.written["gpu"])
+    assert [s["name"] for s in subs] == [a.name for a in w.written["gpu"]]
+    assert subs[0]["deviceClassName"] == "mig.nvidia.com"  # the MIG slice is the cheapest and stays
+    assert "4 dearer device types left out: the API allows 8 alternatives" in w.notes[0]
+
+
+def test_a_request_with_its_own_selectors_or_of_the_mig_class_gets_alternatives_of_its_class_only(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100), mig(1, "GPU-m", 0)])])
+    own = {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].brand == "Nvidia"'}}
+    with_own = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                     "selectors": [own]}}]}}
+    assert {a.device_class for a in written_for(engine, fleet, pod(), with_own).written["gpu"]} == {"gpu.nvidia.com"}
+    mig_only = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}
+    assert {a.kind for a in written_for(engine, fleet, pod(), mig_only).written["gpu"]} == {"mig"}
+    assert {a.device_class for a in written_for(engine, fleet, pod()).written["gpu"]} == {"gpu.nvidia.com",
+                                                                                           "mig.nvidia.com"}
+
+
+@pytest.mark.parametrize("count", [0, 33, 10**9, "2", True])
+def test_a_count_outside_what_the_api_allows_is_refused_naming_the_range(engine, count):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}}
+    with pytest.raises(ClaimError, match="count must be a whole number from 1 to 32"):
+        written_for(engine, fleet, pod(), spec)
+
+
+def test_more_requests_than_the_api_allows_are_refused_before_any_is_planned(engine):
+    planned = []
+    spec = {"devices": {"requests": [{"name": f"r{i}", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}
+                                     for i in range(33)]}}
+    with pytest.raises(ClaimError, match="33 requests; the API allows 32"):
+        write_claim(spec, lambda n: planned.append(n), gpu_classes(default_drivers()))  # type: ignore[arg-type, func-returns-value]
+    assert planned == []
+
+
+def test_a_gpu_published_with_its_mig_devices_reads_as_a_mig_enabled_gpu(engine):
+    # dynamic MIG publishes the whole GPU and its MIG devices side by side, the GPU first
+    inv = inventories_from_slices([slice_of("n1", [gpu(0, A100, "GPU-p"), mig(0, "GPU-p", 0), mig(0, "GPU-p", 4)])],
+                                  [], engine.catalog)
+    (parent,) = inv["n1"].inventory.gpus
+    assert parent.mig_enabled and len(parent.mig_devices) == 2 and parent.memory_mib == 81920
+
+
+def test_a_driver_table_needs_a_gpu_device_class_and_one_driver_per_class():
+    with pytest.raises(DriverTableError, match="deviceClasses needs gpu"):
+        parse_driver_table("drivers: [{driver: a.example.com, sources: [x], productNameAttribute: p, "
+                           "memoryCapacity: m}]", "f.yaml")
+    two = ("drivers: [{driver: a.example.com, sources: [x], productNameAttribute: p, memoryCapacity: m, "
+           "deviceClasses: {gpu: same}}, {driver: b.example.com, sources: [x], productNameAttribute: p, "
+           "memoryCapacity: m, deviceClasses: {gpu: same}}]")
+    with pytest.raises(DriverTableError, match="DeviceClass same is named for drivers a.example.com and b.example.com"):
+        parse_driver_table(two, "f.yaml")
+
+
+def test_an_attribute_of_another_domain_is_looked_up_in_that_domain(engine):
+    mapping = default_drivers()[DRIVER].model_copy(update={"product_name_attribute": "example.com/model"})
+    alt = Alternative("g0", "gpu.nvidia.com", DRIVER, "gpu", "X", None, 1, None, None, 1.0, None)
+    assert '"model" in device.attributes["example.com"] && device.attributes["example.com"]["model"] == "X"' \
+        in cel_of(alt, mapping)
+
+
+def test_a_deeply_nested_alternatives_annotation_is_ignored_not_a_crash():
+    assert alternatives_of({"metadata": {"annotations": {ALTERNATIVES_ANNOTATION: "[" * 60000}}}) is None
+
+
+def test_an_admin_access_allocation_holds_no_device(engine):
+    claim = allocated("monitor", "n1", "gpu-0")
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    inv = inventories_from_slices([slice_of("n1", [gpu(0, A100)])], [claim, {"status": "odd"}], engine.catalog)
+    assert inv["n1"].inventory.gpus[0].allocated_to == ""
 
 
 def test_the_alternatives_annotation_reads_back_what_was_written(engine):
@@ -294,12 +362,39 @@ def test_the_extender_sends_a_pod_with_a_written_claim_to_the_node_with_the_chea
     assert scores["a100-node"] > scores["h100-node"] and scores["l4-node"] == 0
 
 
-def test_a_pod_whose_claim_gpuplace_did_not_write_is_decided_as_before(engine, tmp_path):
-    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+def test_a_pod_whose_claims_gpuplace_did_not_write_passes_every_node_with_score_0(engine, tmp_path):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)]), slice_of("n2", [gpu(0, H100)])])
     fleet.apply_claim_event("ADDED", {"metadata": {"name": "c", "namespace": "default"}, "spec": GENERIC})
+    allocated_claim = allocated("done", "n1", "gpu-0", "llm")
+    fleet.apply_claim_event("ADDED", allocated_claim)
     service = extender_over(engine, fleet, tmp_path)
-    assert service._dra_requests(parse_extender_args(json.dumps(
-        {"Pod": pod(claims={"gpu": "c"}), "NodeNames": ["n1"]}).encode()).Pod) is None
+    for claim in ("c", "done", "never-seen"):  # not written, allocated already, unknown
+        args = parse_extender_args(json.dumps({"Pod": pod(claims={"gpu": claim}), "NodeNames": ["n1", "n2", "x"]}).encode())
+        assert service.filter(args)["NodeNames"] == ["n1", "n2", "x"], claim
+        assert {p["Score"] for p in service.prioritize(args)} == {0}, claim
+
+
+def test_before_the_slices_are_read_a_pod_with_a_written_claim_waits_with_the_reason(engine, tmp_path):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    w = written_for(engine, fleet, pod())
+    fleet.apply_claim_event("ADDED", {"metadata": {"name": "c", "namespace": "default",
+                                                   "annotations": {ALTERNATIVES_ANNOTATION: w.annotation()}},
+                                      "spec": w.spec})
+    fleet.slices_synced = False  # a watch failed: the next full list syncs again
+    result = extender_over(engine, fleet, tmp_path).filter(parse_extender_args(json.dumps(
+        {"Pod": pod(claims={"gpu": "c"}), "NodeNames": ["n1"]}).encode()))
+    assert result["NodeNames"] == [] and "has not read the cluster's ResourceSlices" in result["FailedNodes"]["n1"]
+
+
+def test_a_slice_moving_or_going_and_a_claim_ending_update_only_what_they_touch(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)]), slice_of("n2", [gpu(0, L4)])],
+                     [allocated("c", "n1", "gpu-0", "p")])
+    assert fleet.state("n1").allocation.held  # type: ignore[union-attr]
+    fleet.apply_claim_event("DELETED", allocated("c", "n1", "gpu-0", "p"))
+    assert not fleet.state("n1").allocation.held  # type: ignore[union-attr]
+    fleet.apply_slice_event("DELETED", slice_of("n2", [gpu(0, L4)]))
+    assert fleet.node_names() == ["n1"] and fleet.state("n2") is None
+    assert [t.unit.name for t in fleet.types()] == [A100[0]]
 
 
 # ---- the webhook -------------------------------------------------------------------------------

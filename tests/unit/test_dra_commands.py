@@ -122,3 +122,24 @@ def test_explain_of_a_pod_from_the_cluster_reads_the_alternatives_its_claim_hold
     assert code == 0, err
     assert out.startswith("claim: as written in the pod's claims")
     assert "PASS h100-node" in out and "FAIL a100-node" in out  # the claim's own alternatives, not a new plan
+
+
+def test_claim_honours_leave_and_refuses_a_count_beyond_the_api(capsys, tmp_path):
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "llm-13b.yaml").read_text()) if d]
+    next(d for d in docs if d["kind"] == "Pod")["metadata"]["annotations"]["gpuplace.io/claims"] = "leave"
+    path = tmp_path / "leave.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    code, out, err = run(capsys, "claim", str(path), "--resource-slices", SLICES)
+    assert code == 0 and "exactly" in out and "firstAvailable" not in out and "leave" in err
+    code, _, err = run(capsys, "claim", str(EXAMPLES / "llm-13b.yaml"), "--resource-slices", SLICES, "--count", "33")
+    assert code == 2 and "--count 33: must be from 1 to 32" in err
+
+
+def test_the_extenders_dra_flags_are_refused_when_they_cannot_work(capsys):
+    from scheduler_extender.cli import main as extender
+    for argv, message in ((["--claim-webhook-port", "9443"], "needs --dra"),
+                          (["--dra", "--claim-webhook-port", "9443"], "needs --tls-cert-file"),
+                          (["--dra-drivers", "x.yaml"], "needs --dra"),
+                          (["--dra", "--inventory-dir", "."], "for cluster mode")):
+        assert extender(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
