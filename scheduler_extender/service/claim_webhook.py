@@ -76,10 +76,12 @@ def parse_review(body: bytes) -> AdmissionReview:
                            f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
 
 
-def _owner_pod(claim: Mapping[str, Any]) -> str | None:
-    for o in (claim.get("metadata") or {}).get("ownerReferences") or ():
+def _owner_pod(claim: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """(name, uid) of the pod that owns ``claim``; None when no pod does."""
+    meta = claim.get("metadata")
+    for o in (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or ():
         if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("apiVersion", "v1") == "v1" and o.get("name"):
-            return str(o["name"])
+            return str(o["name"]), (str(o["uid"]) if o.get("uid") else None)
     return None
 
 
@@ -133,11 +135,12 @@ class ClaimWebhook:
         claim = req.object
         if req.operation not in (None, "CREATE") or not isinstance(claim, dict):
             return "left", None, None, []
-        owner = _owner_pod(claim)
+        found = _owner_pod(claim)
         meta = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
         ns = meta.get("namespace") or req.namespace or "default"
-        if owner is None:
+        if found is None:
             return "left", None, None, []
+        owner, owner_uid = found
         obj = self.read_pod(ns, owner)
         if obj is None:
             return "refused", None, f"gpuplace: pod {ns}/{owner} that owns this claim was not found; retried", []
@@ -145,6 +148,10 @@ class ClaimWebhook:
             pod = as_pod(obj)
         except PodShapeError as e:
             return "refused", None, f"gpuplace: pod {ns}/{owner}: {e}", []
+        if owner_uid is not None and pod.uid is not None and owner_uid != pod.uid:
+            # Written for that pod's annotations, not another's of the same name.
+            return "refused", None, (f"gpuplace: the claim's owner is pod {ns}/{owner} uid {owner_uid[:40]}, but that "
+                                     f"pod is uid {pod.uid}"), []
         annotations = pod.annotations
         choice = annotations.get(CLAIMS_ANNOTATION, "write")
         if choice not in CLAIMS_VALUES:

@@ -403,7 +403,7 @@ def test_a_slice_moving_or_going_and_a_claim_ending_update_only_what_they_touch(
 def review(claim_spec: dict, owner: str | None = "llm") -> bytes:
     meta = {"name": "llm-gpu-x", "namespace": "default"}
     if owner:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": "u", "controller": True}]
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": f"uid-{owner}", "controller": True}]
     return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "req-1", "operation": "CREATE", "namespace": "default", "object": {"metadata": meta, "spec": claim_spec}}}).encode()
 
@@ -556,3 +556,11 @@ def test_explain_decides_a_pod_with_a_written_claim_on_the_slices(engine, tmp_pa
     assert out["inventory"] == "ResourceSlices"
     verdicts = {n["node"]: n["verdict"] for n in out["nodes"]}
     assert verdicts == {"h100-node": "pass", "l4-node": "fail"}
+
+
+def test_the_webhook_refuses_a_claim_whose_owner_uid_is_not_the_pods(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    body = json.loads(review(GENERIC))
+    body["request"]["object"]["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    resp = answer(webhook(engine, fleet, {"llm": pod()}), json.dumps(body).encode())
+    assert not resp["allowed"] and "uid someone-else, but that pod is uid uid-llm" in resp["status"]["message"]
