@@ -284,6 +284,47 @@ def test_a_burst_of_pods_with_claims_goes_to_the_nodes_whose_free_device_is_chea
             core.delete_node(name)
 
 
+def test_a_burst_of_40_pods_on_24_fake_nodes_fills_the_a100s_then_the_h100s_and_never_shares_a_device(api, installed):
+    """Scale, through the real kube-scheduler and the chart's two extender replicas: 24 nodes
+    without a kubelet (8 with four A100s, 8 with four H100s, 8 with four L4s; slices written
+    directly) and 40 13B pods created at once. gpuplace writes every claim A100 first, H100 last
+    (the L4 holds no 13B); kube-scheduler's DRA plugin keeps in-flight allocations apart. So the
+    32 A100s are taken, then 8 H100s, no L4, and no device twice."""
+    core = k8s.CoreV1Api(api)
+    kinds = {"a100": A100, "h100": H100, "l4": L4}
+    nodes = [f"scale-{k}-{i}" for k in kinds for i in range(8)]
+    for name in nodes:
+        gpu = kinds[name.split("-")[1]]
+        create_node(api, name, {}, labels=FAKE_POOL)
+        publish_slices_direct(api, name, {**node_inventory(), "nodeName": name, "gpus": [
+            {**gpu, "index": j, "uuid": f"GPU-{name}-{j}", "pciBusId": f"00000000:{16 + j:02X}:00.0"} for j in range(4)]})
+    pods = [f"scale-{i}" for i in range(40)]
+    t0 = time.monotonic()
+    try:
+        for name in pods:
+            create(api, name, LLM_13B, FAKE_POOL)
+
+        def allocated_all() -> list[tuple[str, str, str]] | None:
+            claims = [c for c in _claims(api) if (_owner(c) or "").startswith("scale-")]
+            results = [(r["pool"], r["device"], _owner(c)) for c in claims
+                       for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []]
+            return results if len(results) == len(pods) else None
+        results = wait_for(allocated_all, 240, interval=1.0, message="not every burst pod's claim was allocated")
+        elapsed = time.monotonic() - t0
+        devices = [(pool, dev) for pool, dev, _ in results]
+        assert len(set(devices)) == len(devices), "a device was allocated to two claims"
+        by_kind = {k: sum(pool.startswith(f"scale-{k}-") for pool, _ in devices) for k in kinds}
+        assert by_kind == {"a100": 32, "h100": 8, "l4": 0}, by_kind
+        bound = {core.read_namespaced_pod(p, "default").spec.node_name for p in pods}
+        assert None not in bound
+        report(f"DRA burst: 40 pods with claims on 24 fake nodes allocated in {elapsed:.1f}s ({by_kind})")
+    finally:
+        for name in pods:
+            delete(api, name)
+        for name in nodes:
+            core.delete_node(name)
+
+
 def test_with_failure_policy_fail_a_claim_waits_for_the_extender_and_is_written_when_it_is_back(api, installed):
     apps = k8s.AppsV1Api(api)
     webhook = k8s.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(f"{RELEASE}-claims")
