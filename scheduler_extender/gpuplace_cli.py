@@ -261,6 +261,9 @@ def cmd_claim(args: argparse.Namespace) -> int:
     if written.written:
         meta = out["spec"].setdefault("metadata", {})
         meta.setdefault("annotations", {})[ALTERNATIVES_ANNOTATION] = written.annotation()
+    if not any(k.startswith("gpuplace.io/") for k in pod.annotations):
+        print("# the pod has no gpuplace.io/ annotation: the claim webhook would leave its claims as written; "
+              "here they are written by price alone", file=sys.stderr)
     for note in written.notes:
         print(f"# {note}", file=sys.stderr)
     print(yaml.safe_dump(out, sort_keys=False), end="")

@@ -79,12 +79,15 @@ class DraFleet:
         return self.slices_synced and self.claims_synced
 
     # ---- slices ----------------------------------------------------------------------------------
-    def _changed(self, nodes: Iterable[str | None]) -> None:
+    def _changed(self, nodes: Iterable[str | None], devices: bool = True) -> None:
+        """Forget the inventories and states of ``nodes``; ``devices``: the fleet's device types
+        may have changed too (a slice did; a claim, which only holds devices, does not)."""
         for n in nodes:
             if n:
                 self._inventories.pop(n, None)
                 self._states.pop(n, None)
-        self._types = None
+        if devices:
+            self._types = None
         self.generation += 1
 
     def _drop_slice(self, name: str) -> str | None:
@@ -166,7 +169,7 @@ class DraFleet:
     def apply_claim_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
             nodes = self._drop_claim(_claim_key(obj)) if event_type == "DELETED" else self._put_claim(obj)
-            self._changed(nodes)
+            self._changed(nodes, devices=False)
 
     def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The claim from the watch, else (once, outside the lock) from ``fetch_claim``; a fetched

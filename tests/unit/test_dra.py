@@ -564,3 +564,12 @@ def test_the_webhook_refuses_a_claim_whose_owner_uid_is_not_the_pods(engine):
     body["request"]["object"]["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     resp = answer(webhook(engine, fleet, {"llm": pod()}), json.dumps(body).encode())
     assert not resp["allowed"] and "uid someone-else, but that pod is uid uid-llm" in resp["status"]["message"]
+
+
+def test_a_claim_event_keeps_the_fleets_device_types_a_slice_event_renews_them(engine):
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    types = fleet.types()
+    fleet.apply_claim_event("ADDED", allocated("c", "n1", "gpu-0", "p"))
+    assert fleet.types() is types  # claims hold devices; they add or remove none
+    fleet.apply_slice_event("ADDED", slice_of("n2", [gpu(0, H100)]))
+    assert [t.unit.name for t in fleet.types()] == [A100[0], H100[0]]
