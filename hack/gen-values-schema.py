@@ -133,8 +133,16 @@ def values_schema() -> dict[str, Any]:
                                           "properties": {"driver": s(minLength=1, maxLength=63),
                                                          "sources": {"type": "array", "minItems": 1,
                                                                      "items": s()}}}},
+                    # A DeviceClass's name: a DNS subdomain (it is also quoted into the CEL of the
+                    # claim templates' admission policy, which this pattern keeps safe).
+                    "deviceClass": s("DeviceClass of the claim templates gpuplace-gpu-<N> the extender creates "
+                                     "for pods labelled gpuplace.io/dra=true (--dra-device-class)",
+                                     pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                                     maxLength=253),
                     "webhook": obj({
                         "enabled": {"type": "boolean"},
+                        "pods": {"type": "boolean",
+                                 "description": "also convert pods labelled gpuplace.io/dra=true (POST /mutate/pods)"},
                         "port": integer(1, "HTTPS port of the claim webhook (--claim-webhook-port)", maximum=65535),
                         "failurePolicy": {"enum": ["Fail", "Ignore"]},
                         "timeoutSeconds": integer(1, maximum=30),

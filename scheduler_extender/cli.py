@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     dra.add_argument("--dra-drivers", metavar="FILE",
                      help="YAML of DRA driver attribute mappings to add to the shipped ones (gpu.nvidia.com, "
                           "test-driver.cdi.k8s.io; form as the package's data/dra-drivers.yaml)")
+    dra.add_argument("--dra-device-class", default="gpu.nvidia.com", metavar="NAME",
+                     help="with --claim-webhook-port: the DeviceClass of the claim templates gpuplace-gpu-<count> the "
+                          "extender creates for pods labelled gpuplace.io/dra=true (POST /mutate/pods); needs get and "
+                          "create on resourceclaimtemplates (default: gpu.nvidia.com, NVIDIA's DRA driver's)")
     dra.add_argument("--claim-webhook-port", type=int, default=0, metavar="PORT",
                      help="with --dra: serve the claim webhook, POST /mutate/resourceclaims (AdmissionReview v1), "
                           "over HTTPS with --tls-cert-file on PORT without asking for a client certificate "
@@ -497,6 +501,29 @@ def dra_drivers(path: str | None) -> Any:
         raise UsageError(f"--dra-drivers {e}") from None
 
 
+def _template_creator(device_class: str) -> Callable[[str, int], None]:
+    """``ensure(namespace, count)``: create the claim template ``gpuplace-gpu-<count>`` of
+    ``device_class`` in the namespace unless it exists (``core.dra_claims.claim_template``); an
+    API error other than "exists" raises (the webhook then refuses the pod, with the cause)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from scheduler_extender.core.dra_claims import claim_template, template_name
+    api = client.ResourceV1Api(client.ApiClient())
+    read = _object_reader(api.read_namespaced_resource_claim_template)
+
+    def ensure(namespace: str, count: int) -> None:
+        if read(namespace, template_name(count)) is not None:
+            return
+        try:
+            api.create_namespaced_resource_claim_template(namespace, claim_template(namespace, count, device_class),
+                                                          _request_timeout=(2, 5))
+        except ApiException as e:
+            if e.status != 409:  # created meanwhile by another replica: as good
+                raise
+    return ensure
+
+
 def _object_reader(read_namespaced: Callable[..., Any]) -> Callable[[str, str], Any]:
     """``read(namespace, name)`` over a client's ``read_namespaced_*``: the object as decoded JSON,
     None when it does not exist; raises on any other API error (the claim webhook then refuses,
@@ -581,7 +608,7 @@ def _serve_http(args: argparse.Namespace, service: ExtenderService, metrics: Ext
         from kubernetes import client
         read_pod = _object_reader(client.CoreV1Api(client.ApiClient()).read_namespaced_pod)
         webhook = ClaimWebhook(service.dra, lambda: service.engine, read_pod, service.namespace_labels_of_name,
-                               metrics.claims_written)
+                               metrics.claims_written, _template_creator(args.dra_device_class))
         webhook_options = {k: v for k, v in ssl_options.items() if k in ("ssl_certfile", "ssl_keyfile")}
         webhook_config = uvicorn.Config(create_webhook_app(webhook, max_body_bytes=args.max_body_bytes),
                                         host=args.host, port=args.claim_webhook_port, http=http,

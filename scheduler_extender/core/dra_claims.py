@@ -45,7 +45,7 @@ from scheduler_extender.core.engine import Decision, Engine
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.pod import Pod, as_pod
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.quantity import MIB, fmt_gib
+from scheduler_extender.core.quantity import MIB, QuantityError, fmt_gib, parse_count
 from scheduler_extender.core.requirements import NVIDIA_GPU, mig_resource_name
 
 CLAIMS_ANNOTATION = "gpuplace.io/claims"
@@ -486,3 +486,95 @@ def describe_need(job: Job) -> str:
     """One line for a claim's note: what the pod needs per device."""
     need = job.vram.bytes_per_gpu if job.vram is not None else None
     return job.describe() if need is None else f"{job.describe()} (at least {fmt_gib(need)} per device)"
+
+
+# ---- pods that opt in with a label: converted to a pod with a claim template ----------------------
+
+DRA_LABEL = "gpuplace.io/dra"
+"""On a pod: ``"true"`` opts it in to be converted from ``nvidia.com/gpu`` (or no GPU request at
+all: one GPU) to a ResourceClaimTemplate ``gpuplace-gpu-<count>`` (``pod_claim_patch``)."""
+POD_CLAIM_NAME = "gpuplace-gpu"
+"""The name of the claim in the converted pod's ``spec.resourceClaims`` and its container's
+``resources.claims``."""
+TEMPLATE_PREFIX = "gpuplace-gpu-"
+
+
+def template_name(count: int) -> str:
+    """``gpuplace-gpu-<count>``: one template per count and namespace, shared by the pods."""
+    return f"{TEMPLATE_PREFIX}{count}"
+
+
+def claim_template(namespace: str, count: int, device_class: str) -> dict[str, Any]:
+    """The ResourceClaimTemplate a converted pod names: ``count`` devices of ``device_class``,
+    nothing more; the claim webhook writes each claim made from it for its pod."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template_name(count), "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "gpuplace"}},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count}}]}}}}
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")  # JSON pointer (RFC 6901)
+
+
+def pod_claim_patch(pod: Mapping[str, Any], what: str = "pod") -> tuple[list[dict[str, Any]], int] | None:
+    """The JSON patch that converts an opted-in pod (``DRA_LABEL``) to one whose GPUs come from the
+    claim template ``template_name(count)``, and that count; None when the pod has claims already.
+
+    The container that requests ``nvidia.com/gpu`` (requests or limits) loses that request and gets
+    the claim (``resources.claims``); a pod requesting none gets one GPU, in its first container.
+
+    Raises:
+        ClaimError: several containers request ``nvidia.com/gpu`` (a claim's devices are shared by
+            the containers that name it: give the pod a template of its own), a MIG resource is
+            requested, or the count is not a whole number from 1 to ``MAX_COUNT``.
+    """
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    if spec.get("resourceClaims"):
+        return None
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, Mapping) for c in containers):
+        raise ClaimError(f"gpuplace: {what}: spec.containers must be a non-empty list of containers")
+    asking: list[tuple[int, Any]] = []
+    for i, c in enumerate(containers):
+        res = c.get("resources") if isinstance(c.get("resources"), Mapping) else {}
+        for part in ("limits", "requests"):
+            values = res.get(part) if isinstance(res.get(part), Mapping) else {}
+            mig = [k for k in values if isinstance(k, str) and k.startswith("nvidia.com/mig-")]
+            if mig:
+                raise ClaimError(f"gpuplace: {what}: container {c.get('name')}: {mig[0]} with label {DRA_LABEL}: "
+                                 "a MIG device is asked for through a ResourceClaimTemplate of class mig.nvidia.com")
+        limits = res.get("limits") if isinstance(res.get("limits"), Mapping) else {}
+        requests = res.get("requests") if isinstance(res.get("requests"), Mapping) else {}
+        value = requests.get(NVIDIA_GPU, limits.get(NVIDIA_GPU))
+        if value is not None:
+            asking.append((i, value))
+    if len(asking) > 1:
+        raise ClaimError(f"gpuplace: {what}: {len(asking)} containers request {NVIDIA_GPU}; a claim's devices are "
+                         "shared by the containers that name it: give the pod a ResourceClaimTemplate instead of "
+                         f"the label {DRA_LABEL}")
+    index, value = asking[0] if asking else (0, 1)
+    try:
+        count = parse_count(value)
+    except QuantityError:
+        count = -1
+    if not 1 <= count <= MAX_COUNT:
+        raise ClaimError(f"gpuplace: {what}: {NVIDIA_GPU}: {str(value)[:32]!r} with label {DRA_LABEL}: a whole "
+                         f"number from 1 to {MAX_COUNT}")
+    base = f"/spec/containers/{index}/resources"
+    res = containers[index].get("resources") if isinstance(containers[index].get("resources"), Mapping) else None
+    patch: list[dict[str, Any]] = []
+    if res is None:
+        patch.append({"op": "add", "path": base, "value": {"claims": [{"name": POD_CLAIM_NAME}]}})
+    else:
+        for part in ("limits", "requests"):
+            if isinstance(res.get(part), Mapping) and NVIDIA_GPU in res[part]:
+                patch.append({"op": "remove", "path": f"{base}/{part}/{_escape(NVIDIA_GPU)}"})
+        if isinstance(res.get("claims"), list):
+            patch.append({"op": "add", "path": f"{base}/claims/-", "value": {"name": POD_CLAIM_NAME}})
+        else:
+            patch.append({"op": "add", "path": f"{base}/claims", "value": [{"name": POD_CLAIM_NAME}]})
+    patch.append({"op": "add", "path": "/spec/resourceClaims",
+                  "value": [{"name": POD_CLAIM_NAME, "resourceClaimTemplateName": template_name(count)}]})
+    return patch, count

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from scheduler_extender.cluster.dra import DraFleet
 from scheduler_extender.core.annotations import PREFIX
 from scheduler_extender.core.dra_claims import (ALTERNATIVES_ANNOTATION, CLAIMS_ANNOTATION, ClaimError, ClaimPlan,
-                                                gpu_classes, plan_claim, pod_with_gpus, write_claim)
+                                                gpu_classes, plan_claim, pod_claim_patch, pod_with_gpus, template_name,
+                                                write_claim)
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 
@@ -56,6 +57,7 @@ class AdmissionRequest(_Shape):
     uid: StrictStr
     namespace: StrictStr | None = None
     operation: StrictStr | None = None
+    dry_run: bool = Field(default=False, alias="dryRun")
     object: dict[str, Any] | None = Field(default=None, alias="object")
 
 
@@ -101,22 +103,62 @@ class ClaimWebhook:
 
     def __init__(self, fleet: DraFleet, engine: Callable[[], Engine], read_pod: Callable[[str, str], Any],
                  namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda ns: None,
-                 outcomes: Any = None) -> None:
+                 outcomes: Any = None, ensure_template: Callable[[str, int], None] | None = None) -> None:
+        """``ensure_template(namespace, count)``: create the claim template ``gpuplace-gpu-<count>``
+        in the namespace if it is missing (raising on an API error), for ``respond_pod``; None:
+        opted-in pods are refused (the extender cannot create templates)."""
         self.fleet, self.engine, self.read_pod, self.namespace_labels = fleet, engine, read_pod, namespace_labels
         self.outcomes = outcomes
+        self.ensure_template = ensure_template
 
     def respond(self, body: bytes) -> bytes:
-        """The AdmissionReview answer for ``body``.
+        """The AdmissionReview answer for ``body``, a ResourceClaim's CREATE.
 
         Raises:
             WebhookError: ``body`` is not an AdmissionReview with a request.
         """
+        return self._respond(body, self._decide)
+
+    def respond_pod(self, body: bytes) -> bytes:
+        """The AdmissionReview answer for ``body``, the CREATE of a pod labelled ``gpuplace.io/dra:
+        "true"`` (``POST /mutate/pods``): the pod converted to name the claim template
+        ``gpuplace-gpu-<count>`` (``core.dra_claims.pod_claim_patch``), which is created in its
+        namespace when missing (not on a dry run); the claim made from it for the pod is then
+        written by ``respond``. Refused with the reason when the pod cannot be converted.
+
+        Raises:
+            WebhookError: ``body`` is not an AdmissionReview with a request.
+        """
+        return self._respond(body, self._decide_pod)
+
+    def _decide_pod(self, req: AdmissionRequest) -> tuple[str, list[dict[str, Any]] | None, str | None, list[str]]:
+        pod = req.object
+        if req.operation not in (None, "CREATE") or not isinstance(pod, dict):
+            return "left", None, None, []
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+        ns = meta.get("namespace") or req.namespace or "default"
+        what = f"pod {ns}/{meta.get('name') or meta.get('generateName') or '?'}"
+        try:
+            converted = pod_claim_patch(pod, what)
+        except ClaimError as e:
+            return "refused", None, str(e), []
+        if converted is None:
+            return "left", None, None, [f"gpuplace: {what} has resourceClaims: left as written"]
+        patch, count = converted
+        if self.ensure_template is None:
+            return "refused", None, f"gpuplace: {what}: this extender does not create claim templates", []
+        if not req.dry_run:
+            self.ensure_template(ns, count)
+        return "converted", patch, None, [f"gpuplace: {what}: {count} nvidia.com/gpu asked through the claim "
+                                          f"template {template_name(count)}"]
+
+    def _respond(self, body: bytes, decide: Callable[[AdmissionRequest], Any]) -> bytes:
         review = parse_review(body)
         req = review.request
         try:
-            outcome, patch, message, warnings = self._decide(req)
-        except Exception as e:  # noqa: BLE001 - one claim never takes the server down; refused, with the cause
-            log.exception("claim webhook failed")
+            outcome, patch, message, warnings = decide(req)
+        except Exception as e:  # noqa: BLE001 - one object never takes the server down; refused, with the cause
+            log.exception("webhook failed")
             outcome, patch, message, warnings = "error", None, f"gpuplace: internal error: {type(e).__name__}: {e}", []
         if self.outcomes is not None:
             self.outcomes.labels(outcome).inc()

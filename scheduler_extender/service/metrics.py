@@ -59,8 +59,9 @@ class ExtenderMetrics:
         self.preemption = PreemptionMetrics(r)
         self.claims_written = Counter(
             "gpuplace_extender_claims_written_total",
-            "ResourceClaims the claim webhook answered (--claim-webhook-port), by outcome (written: its GPU "
-            "requests rewritten as firstAvailable in gpuplace's order; left: not gpuplace's to write; refused: "
+            "ResourceClaims and opted-in pods the claim webhook answered (--claim-webhook-port), by outcome "
+            "(written: a claim's GPU requests rewritten as firstAvailable in gpuplace's order; converted: a pod "
+            "labelled gpuplace.io/dra made to name a claim template; left: not gpuplace's to write; refused: "
             "no device type fits the pod, or it cannot be decided now; error).", ["outcome"], registry=registry)
         self.tls_reloads = Counter(
             "gpuplace_extender_tls_certificate_reloads_total",

@@ -231,30 +231,34 @@ def create_app(service: ExtenderService, *, debug_endpoints: bool = False,
 
 
 def create_webhook_app(webhook: Any, *, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
-    """``POST /mutate/resourceclaims`` (``service.claim_webhook.ClaimWebhook``) and ``GET /healthz``:
-    served on ``--claim-webhook-port``, over TLS without a client certificate (kube-apiserver
-    presents none). A body that is not an AdmissionReview gets HTTP 400 with the reason; the
-    answer is decided on a worker thread, as the verbs are."""
-    async def mutate(request: Request) -> Response:
-        try:
-            body = await read_body(request, max_body_bytes)
-        except BodyTooLarge as e:
-            return _error(413, str(e))
-        except ClientDisconnect:
-            return _error(499, "client disconnected before sending the whole body")
-
-        def answer() -> tuple[int, bytes]:
+    """``POST /mutate/resourceclaims`` and ``POST /mutate/pods`` (``service.claim_webhook.ClaimWebhook``'s
+    ``respond`` and ``respond_pod``) and ``GET /healthz``: served on ``--claim-webhook-port``, over
+    TLS without a client certificate (kube-apiserver presents none). A body that is not an
+    AdmissionReview gets HTTP 400 with the reason; the answer is decided on a worker thread, as
+    the verbs are."""
+    def mutate(respond: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
             try:
-                return 200, webhook.respond(body)
-            except ValueError as e:  # service.claim_webhook.WebhookError
-                return 400, dumps({"Error": str(e)})
-        code, payload = await anyio.to_thread.run_sync(answer)
-        return Response(payload, status_code=code, media_type="application/json")
+                body = await read_body(request, max_body_bytes)
+            except BodyTooLarge as e:
+                return _error(413, str(e))
+            except ClientDisconnect:
+                return _error(499, "client disconnected before sending the whole body")
+
+            def answer() -> tuple[int, bytes]:
+                try:
+                    return 200, respond(body)
+                except ValueError as e:  # service.claim_webhook.WebhookError
+                    return 400, dumps({"Error": str(e)})
+            code, payload = await anyio.to_thread.run_sync(answer)
+            return Response(payload, status_code=code, media_type="application/json")
+        return endpoint
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
-    return Starlette(routes=[Route("/mutate/resourceclaims", mutate, methods=["POST"]),
+    return Starlette(routes=[Route("/mutate/resourceclaims", mutate(webhook.respond), methods=["POST"]),
+                             Route("/mutate/pods", mutate(webhook.respond_pod), methods=["POST"]),
                              Route("/healthz", healthz, methods=["GET"])])
 
 

@@ -20,6 +20,9 @@ What is proven here, on the real control plane:
 * on nodes without a kubelet whose ResourceSlices are written directly (for scale), a burst of
   pods with written claims goes to the nodes with the cheaper free device: the extender scores
   nodes for pods with claims;
+* a pod with only gpuplace's annotations, ``nvidia.com/gpu`` and the opt-in label
+  ``gpuplace.io/dra: "true"`` is converted to name the template ``gpuplace-gpu-1``, which the
+  extender creates (its writes narrowed by the chart's admission policy), and gets the A100;
 * ``failurePolicy: Fail``: with no extender answering, a pod's claim is not created and the pod
   waits; once the extender is back, the claim is written and the pod placed.
 """
@@ -323,6 +326,56 @@ def test_a_burst_of_40_pods_on_24_fake_nodes_fills_the_a100s_then_the_h100s_and_
             delete(api, name)
         for name in nodes:
             core.delete_node(name)
+
+
+def test_a_labelled_pod_with_only_annotations_gets_its_claim_from_a_template_the_extender_creates(cluster, api, installed):
+    res = k8s.ResourceV1Api(api)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "converted", "namespace": "default", "labels": {"gpuplace.io/dra": "true"},
+                        "annotations": LLM_13B},
+           "spec": {"schedulerName": "gpuplace-scheduler", "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    k8s.CoreV1Api(api).create_namespaced_pod("default", pod)
+    try:
+        stored = k8s.CoreV1Api(api).read_namespaced_pod("converted", "default")
+        assert [(c.name, c.resource_claim_template_name) for c in stored.spec.resource_claims] == [
+            ("gpuplace-gpu", "gpuplace-gpu-1")]
+        assert "nvidia.com/gpu" not in (stored.spec.containers[0].resources.limits or {})
+        made = res.read_namespaced_resource_claim_template("gpuplace-gpu-1", "default")
+        assert made.spec.spec.devices.requests[0].exactly.count == 1
+        claim = claim_of(api, "converted")
+        assert claim["spec"]["devices"]["requests"][0]["firstAvailable"][0]["name"] == "g0-a100-sxm4-80gb"
+        assert allocated_device(api, "converted") == "gpu-2"
+        running(api, "converted")
+    finally:
+        delete(api, "converted")
+        try:
+            res.delete_namespaced_resource_claim_template("gpuplace-gpu-1", "default")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def test_the_extender_may_create_only_gpuplaces_claim_templates(cluster, api, installed, tmp_path):
+    """The chart's admission policy narrows the extender's create on resourceclaimtemplates to
+    gpuplace-gpu-<count> of the chart's DeviceClass, with one request: tried under a token of the
+    extender's ServiceAccount."""
+    from kubernetes import config as k8s_config
+
+    from tests.harness.helm import sa_kubeconfig
+    kubeconfig = sa_kubeconfig(cluster[0], api, NS, "gpuplace-extender", tmp_path / "extender.kubeconfig")
+    with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as as_extender:
+        res = k8s.ResourceV1Api(as_extender)
+        ok = template("gpuplace-gpu-3")
+        ok["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 3
+        res.create_namespaced_resource_claim_template("default", ok, dry_run="All")
+        for name, change in (("not-gpuplaces", {}), ("gpuplace-gpu-4", {"deviceClassName": "mig.nvidia.com"})):
+            other = template(name)
+            other["spec"]["spec"]["devices"]["requests"][0]["exactly"].update(change)
+            with pytest.raises(ApiException) as denied:
+                res.create_namespaced_resource_claim_template("default", other, dry_run="All")
+            assert denied.value.status == 403 and "gpuplace" in denied.value.body, name
 
 
 def test_with_failure_policy_fail_a_claim_waits_for_the_extender_and_is_written_when_it_is_back(api, installed):

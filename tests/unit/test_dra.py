@@ -573,3 +573,106 @@ def test_a_claim_event_keeps_the_fleets_device_types_a_slice_event_renews_them(e
     assert fleet.types() is types  # claims hold devices; they add or remove none
     fleet.apply_slice_event("ADDED", slice_of("n2", [gpu(0, H100)]))
     assert [t.unit.name for t in fleet.types()] == [A100[0], H100[0]]
+
+
+# ---- pods that opt in with the label gpuplace.io/dra -------------------------------------------
+
+
+def labelled_pod(containers: list[dict], annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": "srv", "namespace": "team", "uid": "uid-srv", "labels": {"gpuplace.io/dra": "true"},
+                         "annotations": annotations or {"gpuplace.io/model-params": "13B"}},
+            "spec": {"containers": containers}}
+
+
+def pod_review(obj: dict, dry_run: bool = False) -> bytes:
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "req-1", "operation": "CREATE", "namespace": "team", "dryRun": dry_run, "object": obj}}).encode()
+
+
+def apply_patch(obj: dict, patch: list[dict]) -> dict:
+    """RFC 6902 add/remove, as kube-apiserver applies the webhook's patch (enough for these paths)."""
+    obj = json.loads(json.dumps(obj))
+    for op in patch:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = obj
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        if op["op"] == "remove":
+            del target[last]
+        elif last == "-":
+            target.append(op["value"])
+        else:
+            target[last] = op["value"]
+    return obj
+
+
+def test_a_labelled_pod_asks_its_gpus_through_the_shared_template_which_is_created_once(engine):
+    made = []
+    hook = ClaimWebhook(fleet_of(engine, [slice_of("n1", [gpu(0, A100)])]), lambda: engine, lambda ns, n: None,
+                        ensure_template=lambda ns, count: made.append((ns, count)))
+    obj = labelled_pod([{"name": "side"}, {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4"},
+                                                                       "requests": {"nvidia.com/gpu": "2"}}}])
+    resp = json.loads(hook.respond_pod(pod_review(obj)))["response"]
+    assert resp["allowed"] and made == [("team", 2)]
+    converted = apply_patch(obj, json.loads(base64.b64decode(resp["patch"])))
+    main = converted["spec"]["containers"][1]["resources"]
+    assert main == {"limits": {"cpu": "4"}, "requests": {}, "claims": [{"name": "gpuplace-gpu"}]}
+    assert converted["spec"]["resourceClaims"] == [{"name": "gpuplace-gpu", "resourceClaimTemplateName": "gpuplace-gpu-2"}]
+    json.loads(hook.respond_pod(pod_review(obj, dry_run=True)))
+    assert made == [("team", 2)]  # a dry run creates nothing
+
+
+def test_a_labelled_pod_without_a_gpu_request_gets_one_gpu_in_its_first_container(engine):
+    hook = ClaimWebhook(fleet_of(engine, []), lambda: engine, lambda ns, n: None, ensure_template=lambda ns, c: None)
+    obj = labelled_pod([{"name": "main"}])
+    resp = json.loads(hook.respond_pod(pod_review(obj)))["response"]
+    converted = apply_patch(obj, json.loads(base64.b64decode(resp["patch"])))
+    assert converted["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpuplace-gpu"}]}
+    assert converted["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpuplace-gpu-1"
+
+
+@pytest.mark.parametrize("containers, reason", [
+    ([{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+      {"name": "b", "resources": {"limits": {"nvidia.com/gpu": 1}}}], "2 containers request nvidia.com/gpu"),
+    ([{"name": "a", "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}], "nvidia.com/mig-3g.40gb with label"),
+    ([{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "64"}}}], "a whole number from 1 to 32"),
+    ([{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1.5"}}}], "a whole number from 1 to 32"),
+    ([], "spec.containers must be a non-empty list"),
+])
+def test_a_labelled_pod_that_cannot_be_converted_is_refused_with_the_reason(engine, containers, reason):
+    made = []
+    hook = ClaimWebhook(fleet_of(engine, []), lambda: engine, lambda ns, n: None,
+                        ensure_template=lambda ns, c: made.append(c))
+    resp = json.loads(hook.respond_pod(pod_review(labelled_pod(containers))))["response"]
+    assert not resp["allowed"] and reason in resp["status"]["message"] and made == []
+
+
+def test_a_labelled_pod_with_claims_of_its_own_is_left_as_written(engine):
+    hook = ClaimWebhook(fleet_of(engine, []), lambda: engine, lambda ns, n: None, ensure_template=lambda ns, c: None)
+    obj = labelled_pod([{"name": "main"}])
+    obj["spec"]["resourceClaims"] = [{"name": "x", "resourceClaimTemplateName": "mine"}]
+    resp = json.loads(hook.respond_pod(pod_review(obj)))["response"]
+    assert resp["allowed"] and "patch" not in resp
+
+
+def test_when_the_template_cannot_be_created_the_pod_is_refused_with_the_cause(engine):
+    def forbidden(ns, count):
+        raise PermissionError("resourceclaimtemplates is forbidden")
+    hook = ClaimWebhook(fleet_of(engine, []), lambda: engine, lambda ns, n: None, ensure_template=forbidden)
+    resp = json.loads(hook.respond_pod(pod_review(labelled_pod([{"name": "main"}]))))["response"]
+    assert not resp["allowed"] and "resourceclaimtemplates is forbidden" in resp["status"]["message"]
+
+
+def test_the_webhook_app_answers_both_paths_and_400_for_what_is_not_an_admission_review(engine):
+    from starlette.testclient import TestClient
+
+    from scheduler_extender.service.server import create_webhook_app
+    fleet = fleet_of(engine, [slice_of("n1", [gpu(0, A100)])])
+    hook = ClaimWebhook(fleet, lambda: engine, lambda ns, n: pod() if n == "llm" else None,
+                        ensure_template=lambda ns, c: None)
+    with TestClient(create_webhook_app(hook)) as client:
+        assert client.post("/mutate/resourceclaims", content=review(GENERIC)).json()["response"]["allowed"]
+        assert client.post("/mutate/pods", content=pod_review(labelled_pod([{"name": "m"}]))).json()["response"]["patch"]
+        bad = client.post("/mutate/pods", content=b"[1, 2")
+        assert bad.status_code == 400 and "not JSON" in bad.json()["Error"]
+        assert client.get("/healthz").text == "ok"

@@ -159,6 +159,15 @@ app.kubernetes.io/part-of: gpuplace
 {{- with .Values.extender.dra }}{{ if and .enabled .webhook.enabled }}true{{ end }}{{ end }}
 {{- end }}
 
+{{/* Whether kube-apiserver also sends the extender the pods that opt in with the label
+     gpuplace.io/dra: "true" (webhook pods.gpuplace.io, POST /mutate/pods), for which it creates the
+     ResourceClaimTemplates gpuplace-gpu-<N> (RBAC in extender-rbac.yaml, narrowed by
+     extender-claim-templates-admission.yaml): the claim webhook with extender.dra.webhook.pods.
+     "true" or "". */}}
+{{- define "gpuplace.extender.podWebhook" -}}
+{{- if and (include "gpuplace.extender.claimWebhook" .) .Values.extender.dra.webhook.pods }}true{{ end }}
+{{- end }}
+
 {{/* The ConfigMap with extender.dra.drivers (--dra-drivers), and where the extender mounts it. */}}
 {{- define "gpuplace.extender.draDriversConfigMap" -}}{{ include "gpuplace.extender.name" . }}-dra-drivers{{- end }}
 {{- define "gpuplace.extender.draDriversDir" -}}/etc/gpuplace/dra{{- end }}
