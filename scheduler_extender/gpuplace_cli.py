@@ -90,12 +90,37 @@ def _live_cluster(kubeconfig: str, engine: Engine) -> tuple[Any, list[Any], list
     return ClusterSource(cache, engine.catalog), pods, budgets
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+def _policy(path: str | None) -> Policy | None:
+    """The policy of ``path`` (None: the shipped one); None after printing why it is invalid."""
     try:
-        policy = load_policy(args.policy)
+        return load_policy(path)
     except PolicyError as e:
         print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+        return None
+
+
+def _pod_file(path: str) -> tuple[list[Any], Pod] | None:
+    """The documents of ``path`` and its pod (``_pod_of``); None after printing why not."""
+    try:
+        docs = _load_docs(path)
+        return docs, _pod_of(docs, path)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        print(f"gpuplace: {e}", file=sys.stderr)
+        return None
+
+
+def _count_in_range(count: int) -> bool:
+    """Whether ``--count`` is a claim's device count the API allows; prints why not."""
+    if 1 <= count <= MAX_COUNT:
+        return True
+    print(f"gpuplace: --count {count}: must be from 1 to {MAX_COUNT}", file=sys.stderr)
+    return False
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from scheduler_extender.cluster.sources import NamespaceLabelsError, StaticSource, load_namespace_labels
+    policy = _policy(args.policy)
+    if policy is None:
         return 2
     try:
         labels = load_namespace_labels(args.namespace_labels) if args.namespace_labels else None
@@ -103,15 +128,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"gpuplace: --namespace-labels {e}", file=sys.stderr)
         return 2
     engine = Engine(policy)
-    try:
-        docs = _load_docs(args.pod)
-        pod = _pod_of(docs, args.pod)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        print(f"gpuplace: {e}", file=sys.stderr)
+    loaded = _pod_file(args.pod)
+    if loaded is None:
         return 2
+    docs, pod = loaded
     if args.resource_slices or (args.kubeconfig and pod.spec.resource_claims):
-        if not 1 <= args.count <= MAX_COUNT:
-            print(f"gpuplace: --count {args.count}: must be from 1 to {MAX_COUNT}", file=sys.stderr)
+        if not _count_in_range(args.count):
             return 2
         return _explain_with_claims(args, engine, policy, pod, docs, labels)
     live = None
@@ -221,21 +243,16 @@ def cmd_claim(args: argparse.Namespace) -> int:
     """``gpuplace claim POD.yaml``: the pod's ResourceClaimTemplate as the claim webhook writes it."""
     from scheduler_extender.core.dra_claims import ALTERNATIVES_ANNOTATION, CLAIMS_ANNOTATION, ClaimError
     from scheduler_extender.service.claim_webhook import claim_writer
-    if not 1 <= args.count <= MAX_COUNT:
-        print(f"gpuplace: --count {args.count}: must be from 1 to {MAX_COUNT}", file=sys.stderr)
+    if not _count_in_range(args.count):
         return 2
-    try:
-        policy = load_policy(args.policy)
-    except PolicyError as e:
-        print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+    policy = _policy(args.policy)
+    if policy is None:
         return 2
     engine = Engine(policy)
-    try:
-        docs = _load_docs(args.pod)
-        pod = _pod_of(docs, args.pod)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        print(f"gpuplace: {e}", file=sys.stderr)
+    loaded = _pod_file(args.pod)
+    if loaded is None:
         return 2
+    docs, pod = loaded
     try:
         fleet = _dra_fleet(args, engine)
     except Exception as e:  # noqa: BLE001 - files, config, connection and API errors all end here
@@ -336,10 +353,8 @@ def _written_claims(fleet: Any, pod: Pod) -> Any:
 def cmd_defrag(args: argparse.Namespace) -> int:
     from scheduler_extender.cluster.defrag import (ClusterReader, StepLog, execute, make_plans, plans_json,
                                                    render_plans, static_cluster)
-    try:
-        policy = load_policy(args.policy)
-    except PolicyError as e:
-        print(f"gpuplace: invalid policy: {e}", file=sys.stderr)
+    policy = _policy(args.policy)
+    if policy is None:
         return 2
     if args.max_moves < 1:
         print(f"gpuplace: --max-moves {args.max_moves}: must be at least 1", file=sys.stderr)

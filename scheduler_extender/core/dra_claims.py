@@ -514,8 +514,10 @@ def claim_template(namespace: str, count: int, device_class: str) -> dict[str, A
                 {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count}}]}}}}
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")  # JSON pointer (RFC 6901)
+def json_pointer_token(key: str) -> str:
+    """``key`` as one reference token of a JSON pointer (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``;
+    for the webhooks' JSON patches (``nvidia.com/gpu``, ``claims.gpuplace.io/alternatives``)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def pod_claim_patch(pod: Mapping[str, Any], what: str = "pod") -> tuple[list[dict[str, Any]], int] | None:
@@ -570,7 +572,7 @@ def pod_claim_patch(pod: Mapping[str, Any], what: str = "pod") -> tuple[list[dic
     else:
         for part in ("limits", "requests"):
             if isinstance(res.get(part), Mapping) and NVIDIA_GPU in res[part]:
-                patch.append({"op": "remove", "path": f"{base}/{part}/{_escape(NVIDIA_GPU)}"})
+                patch.append({"op": "remove", "path": f"{base}/{part}/{json_pointer_token(NVIDIA_GPU)}"})
         if isinstance(res.get("claims"), list):
             patch.append({"op": "add", "path": f"{base}/claims/-", "value": {"name": POD_CLAIM_NAME}})
         else:

@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from scheduler_extender.cluster.dra import DraFleet
 from scheduler_extender.core.annotations import PREFIX
 from scheduler_extender.core.dra_claims import (ALTERNATIVES_ANNOTATION, CLAIMS_ANNOTATION, ClaimError, ClaimPlan,
-                                                gpu_classes, plan_claim, pod_claim_patch, pod_with_gpus, template_name,
-                                                write_claim)
+                                                gpu_classes, json_pointer_token, plan_claim, pod_claim_patch,
+                                                pod_with_gpus, template_name, write_claim)
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.pod import Pod, PodShapeError, as_pod
 
@@ -85,10 +85,6 @@ def _owner_pod(claim: Mapping[str, Any]) -> tuple[str, str | None] | None:
         if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("apiVersion", "v1") == "v1" and o.get("name"):
             return str(o["name"]), (str(o["uid"]) if o.get("uid") else None)
     return None
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")  # JSON pointer (RFC 6901)
 
 
 class ClaimWebhook:
@@ -219,7 +215,7 @@ class ClaimWebhook:
         annotations_path = "/metadata/annotations"
         patch: list[dict[str, Any]] = [{"op": "replace", "path": "/spec", "value": written.spec}]
         if isinstance(meta.get("annotations"), dict):
-            patch.append({"op": "add", "path": f"{annotations_path}/{_escape(ALTERNATIVES_ANNOTATION)}",
+            patch.append({"op": "add", "path": f"{annotations_path}/{json_pointer_token(ALTERNATIVES_ANNOTATION)}",
                           "value": written.annotation()})
         else:
             patch.append({"op": "add", "path": annotations_path, "value": {ALTERNATIVES_ANNOTATION: written.annotation()}})

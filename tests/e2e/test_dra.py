@@ -139,15 +139,19 @@ def create(api, name: str, annotations: dict[str, str], node_selector: dict[str,
     k8s.CoreV1Api(api).create_namespaced_pod("default", claim_pod(name, annotations, node_selector))
 
 
+def unless_gone(delete_call) -> None:
+    """Run a delete call; an object already gone (404) is as good."""
+    try:
+        delete_call()
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def delete(api, name: str) -> None:
     core, res = k8s.CoreV1Api(api), k8s.ResourceV1Api(api)
-    for fn in (lambda: core.delete_namespaced_pod(name, "default", grace_period_seconds=0),
-               lambda: res.delete_namespaced_resource_claim_template(f"{name}-gpu", "default")):
-        try:
-            fn()
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    unless_gone(lambda: core.delete_namespaced_pod(name, "default", grace_period_seconds=0))
+    unless_gone(lambda: res.delete_namespaced_resource_claim_template(f"{name}-gpu", "default"))
 
     def gone() -> bool:
         try:
@@ -350,11 +354,7 @@ def test_a_labelled_pod_with_only_annotations_gets_its_claim_from_a_template_the
         running(api, "converted")
     finally:
         delete(api, "converted")
-        try:
-            res.delete_namespaced_resource_claim_template("gpuplace-gpu-1", "default")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        unless_gone(lambda: res.delete_namespaced_resource_claim_template("gpuplace-gpu-1", "default"))
 
 
 def test_the_extender_may_create_only_gpuplaces_claim_templates(cluster, api, installed, tmp_path):
