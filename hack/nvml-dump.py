@@ -13,7 +13,9 @@ the stand-in must give, or the error it must answer with. With ``--probe N`` it 
 agent's ``NVMLProbe`` N times and records its inventories, to show which fields change reading to
 reading; with ``--standin SCENARIO`` it reads the NVML stand-in of a scenario instead of the
 driver (gpuplace-testing), a dry run. Serial numbers are not read. It was run so on an H100
-80GB HBM3 on 2026-11-27: ``tests/fixtures/nvml/h100-80gb-hbm3-real-2026-11-27.*``.
+80GB HBM3 on 2026-11-27 (``tests/fixtures/nvml/h100-80gb-hbm3-real-2026-11-27.*``) and on an H200
+SXM 141 GB on 2026-11-28 (``tests/fixtures/nvml/h200-141gb-hbm3e-real-2026-11-28.*``); each
+``.nvml-calls.json`` there is its output reduced to the calls the agent makes.
 """
 
 from __future__ import annotations
