@@ -55,7 +55,6 @@ candidate is such a node, they are scored as usual.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -147,6 +146,10 @@ def free_models(state: NodeState, resource: str) -> FreeModels:
     return levels, free_by_model(units, levels)
 
 
+FreeOf = Callable[[NodeState, str], FreeModels]
+"""``free_models`` or a function equal to it (a caller's memo of it: ``served.grouped``)."""
+
+
 def share_taken(job: Job, state: NodeState, unit: Unit) -> int:
     """Thousandths of ``unit`` the pod takes: ``Job.gpu_milli`` (1000 for whole devices; a
     GPU-sharing pod's share in ``gpuplace simulate``), and on a node whose GPUs the device plugin
@@ -160,17 +163,30 @@ def share_taken(job: Job, state: NodeState, unit: Unit) -> int:
     return share_milli(job.vram_need_on(unit), unit.memory_bytes)
 
 
+def shares_taken(job: Job, state: NodeState, chosen: Sequence[Unit]) -> list[int]:
+    """``share_taken`` of each of ``chosen``, in order: what the three deltas below read (a
+    caller computing all three passes it to each)."""
+    view = state.view
+    if chosen and (view is None or view.sharing is None or job.req.resource != NVIDIA_GPU):
+        return [share_taken(job, state, chosen[0])] * len(chosen)  # the same for every unit there
+    return [share_taken(job, state, u) for u in chosen]
+
+
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
-                        free: FreeModels | None = None, resource: str | None = None) -> float:
+                        free: FreeModels | None = None, resource: str | None = None,
+                        shares: Sequence[int] | None = None) -> float:
     """FGD's gradient for one placement: the node's expected unusable free devices after placing
     the pod minus before (``WorkloadProfile.fragmentation``), in devices; between -len(chosen) and
     the free devices left. The pod's CPU/memory requests lower the node's free CPU/memory when
     both are known. ``free``: ``free_models(state, resource)`` when the caller has it already.
     The pod takes ``Job.gpu_milli`` of each unit (a GPU-sharing pod, a share). ``resource``: the
-    devices measured, the pod's own by default (a pod without devices: each of the workload's)."""
+    devices measured, the pod's own by default (a pod without devices: each of the workload's).
+    ``shares``: ``shares_taken(job, state, chosen)`` when the caller has it already."""
     resource = resource or job.req.resource or ""
     levels, before = free or free_models(state, resource)
-    taken = [(u, levels[u.uuid], share_taken(job, state, u)) for u in chosen if u.uuid in levels]
+    if shares is None:
+        shares = shares_taken(job, state, chosen)
+    taken = [(u, levels[u.uuid], m) for u, m in zip(chosen, shares) if u.uuid in levels]
     after = free_by_model_minus(before, taken) if taken else before
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     before_f = workload.fragmentation(resource, before, cpu, mem)
@@ -180,54 +196,59 @@ def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], work
 
 
 def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
-                         free: FreeModels | None = None, resource: str | None = None) -> float:
+                         free: FreeModels | None = None, resource: str | None = None,
+                         shares: Sequence[int] | None = None) -> float:
     """The change in ``WorkloadProfile.host_stranding`` of the node when the pod takes ``chosen``
     and its CPU/memory requests: free devices the node's free CPU or memory could not feed at the
     workload's mean request per device, after minus before; in devices, between -len(chosen) and
-    the free devices left. 0 when the node's CPU and memory are unknown. ``free`` and ``resource``
-    as in ``fragmentation_delta``."""
+    the free devices left. 0 when the node's CPU and memory are unknown. ``free``, ``resource``
+    and ``shares`` as in ``fragmentation_delta``."""
     resource = resource or job.req.resource or ""
     cpu, mem = state.cpu_milli_free, state.memory_bytes_free
     if cpu is None and mem is None:
         return 0.0
     levels, before = free or free_models(state, resource)
+    if shares is None:
+        shares = shares_taken(job, state, chosen)
     g_before = sum(level * n for _, level, n in before) / MILLI
-    g_after = g_before - sum(min(levels.get(u.uuid, 0), share_taken(job, state, u)) for u in chosen) / MILLI
+    g_after = g_before - sum(min(levels.get(u.uuid, 0), m) for u, m in zip(chosen, shares)) / MILLI
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
     return (workload.host_stranding(resource, g_after, cpu_after, mem_after)
             - workload.host_stranding(resource, g_before, cpu, mem))
 
 
-def _free_of(state: NodeState, resource: str, frees: dict[str, FreeModels] | None) -> FreeModels:
-    """``free_models(state, resource)``, kept in ``frees`` (one call's, for one state) when given."""
+def _free_of(state: NodeState, resource: str, frees: dict[str, FreeModels] | None,
+             free_of: FreeOf = free_models) -> FreeModels:
+    """``free_of(state, resource)``, kept in ``frees`` (one call's, for one state) when given."""
     if frees is None:
-        return free_models(state, resource)
+        return free_of(state, resource)
     free = frees.get(resource)
     if free is None:
-        free = frees[resource] = free_models(state, resource)
+        free = frees[resource] = free_of(state, resource)
     return free
 
 
 def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile,
-                    frees: dict[str, FreeModels] | None = None) -> float:
+                    frees: dict[str, FreeModels] | None = None, free_of: FreeOf = free_models) -> float:
     """For a pod without devices: how much its CPU and memory requests raise the node's expected
     unusable free devices (``fragmentation_delta`` plus ``host_stranding_delta`` with no device
     taken), summed over the device resources of the workload; in devices, 0 or more. 0 on a node
     whose CPU and memory are unknown, or with no device free. ``frees``: the state's
-    ``free_models`` per resource, shared with ``devices_in_use`` (filled as needed)."""
+    ``free_models`` per resource, shared with ``devices_in_use`` (filled as needed, by
+    ``free_of``)."""
     if state.cpu_milli_free is None and state.memory_bytes_free is None:
         return 0.0
     total = 0.0
     for resource in workload.resources:
-        free = _free_of(state, resource, frees)
+        free = _free_of(state, resource, frees, free_of)
         if free[1]:
             total += (fragmentation_delta(job, state, (), workload, free, resource)
                       + host_stranding_delta(job, state, (), workload, free, resource))
     return total
 
 
-def devices_in_use(state: NodeState, frees: dict[str, FreeModels] | None = None) -> float:
+def devices_in_use(state: NodeState, frees: dict[str, FreeModels] | None = None, free_of: FreeOf = free_models) -> float:
     """Share of the node's devices (every resource's healthy units) that pods hold, 0 to 1; 1 for a
     node without devices (its CPU serves no device). What sharing pods left of a unit counts as free.
     ``frees``: as for ``host_only_delta``."""
@@ -236,27 +257,30 @@ def devices_in_use(state: NodeState, frees: dict[str, FreeModels] | None = None)
         return 1.0
     total = free = 0.0
     for resource in view.units_by_resource:
-        levels, _ = _free_of(state, resource, frees)
+        levels, _ = _free_of(state, resource, frees, free_of)
         total += sum(1 for u in view.units(resource) if u.healthy)
         free += sum(levels.values()) / MILLI
     return 1.0 - free / total if total else 1.0
 
 
-def supply_of(states: Sequence[tuple[NodeState, int]], resource: str) -> dict[str, float]:
+def supply_of(states: Sequence[tuple[NodeState, int]], resource: str, free_of: FreeOf = free_models) -> dict[str, float]:
     """Free devices of ``resource`` per model key (``workload.FreeByModel``'s), shares counted,
     over ``states`` given with how many nodes each stands for: what ``WorkloadProfile.scarcity``
-    reads."""
+    reads. ``free_of``: ``free_models``, or the caller's memo of it."""
     supply: dict[str, float] = {}
     for state, count in states:
-        for m, level, n in free_models(state, resource)[1]:
+        for m, level, n in free_of(state, resource)[1]:
             supply[m] = supply.get(m, 0.0) + count * level * n / MILLI
     return supply
 
 
-def scarcity_delta(job: Job, state: NodeState, chosen: Sequence[Unit], scarcity: Mapping[str, float]) -> float:
+def scarcity_delta(job: Job, state: NodeState, chosen: Sequence[Unit], scarcity: Mapping[str, float],
+                   shares: Sequence[int] | None = None) -> float:
     """The demand the pod's units would be missed by (``WorkloadProfile.scarcity`` per device),
-    for the share of each it takes (``share_taken``); in devices."""
-    shares = [share_taken(job, state, u) for u in chosen]
+    for the share of each it takes (``share_taken``); in devices. ``shares`` as in
+    ``fragmentation_delta``."""
+    if shares is None:
+        shares = shares_taken(job, state, chosen)
     if all(s == job.gpu_milli for s in shares):  # one share for all: summed as before, to the last bit
         return sum(scarcity.get(model_key(u), 0.0) for u in chosen) * job.gpu_milli / MILLI
     return sum(scarcity.get(model_key(u), 0.0) * s for u, s in zip(chosen, shares)) / MILLI
@@ -366,7 +390,8 @@ def _fragmentation(c: Candidates, state: NodeState, result: NodeResult) -> float
 
 
 def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                          workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, float]:
+                          workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None,
+                          free_of: FreeOf = free_models) -> dict[str, float]:
     """The ``fragmentation`` component's values (``fragmentation_values``) where it applies: a
     learned workload, a weight, and candidates it tells apart; else empty."""
     if not workload or policy.scoring.fragmentation <= 0 or not gpu_pods:
@@ -374,17 +399,19 @@ def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResu
     resource = job.req.resource or ""
     deltas = {}
     for s, r in gpu_pods:
-        free = free_models(s, resource)
-        deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free)
-                          + host_stranding_delta(job, s, r.chosen, workload, free)
-                          + (scarcity_delta(job, s, r.chosen, scarcity) if scarcity else 0.0))
+        free = free_of(s, resource)
+        shares = shares_taken(job, s, r.chosen)
+        deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free, shares=shares)
+                          + host_stranding_delta(job, s, r.chosen, workload, free, shares=shares)
+                          + (scarcity_delta(job, s, r.chosen, scarcity, shares) if scarcity else 0.0))
     frag = fragmentation_values(deltas)
     # Telling no candidate apart, it is left out: the other components keep their full say.
     return {} if len(set(frag.values())) == 1 else frag
 
 
 def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                workload: WorkloadProfile | None = None, scarcity: Mapping[str, float] | None = None) -> list[NodeScore]:
+                workload: WorkloadProfile | None = None, scarcity: Mapping[str, float] | None = None,
+                free_of: FreeOf = free_models) -> list[NodeScore]:
     """Score every node that passed the filter; pods the filter left untouched score 0.
 
     Each declared component (``core.components``, functions ``COMPONENT_VALUES``) that applies
@@ -398,12 +425,13 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
             empty: the component does not apply.
         scarcity: ``WorkloadProfile.scarcity`` over the nodes of the request (``supply_of``):
             added to each candidate's fragmentation increase (``scarcity_delta``); None: not.
+        free_of: ``free_models``, or a function equal to it (the served layer's memo of it).
 
     Returns:
         One ``NodeScore`` per input, in input order.
     """
     if job.req.resource is None:
-        return _score_without_devices(job, passed, policy, workload)
+        return _score_without_devices(job, passed, policy, workload, free_of)
     gpu_pods = [(s, r) for s, r in passed if r.chosen]
     costs = {r.node: placement_cost(r.chosen, policy) for _, r in gpu_pods}
     all_units = [u for _, r in gpu_pods for u in r.chosen]
@@ -411,20 +439,25 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         job, policy, costs, min(costs.values(), default=0.0),
         max((u.memory_bandwidth_gbps or 0 for u in all_units), default=0.0),
         max((u.bf16_tflops or 0 for u in all_units), default=0.0),
-        _fragmentation_values(job, gpu_pods, policy, workload, scarcity))
+        _fragmentation_values(job, gpu_pods, policy, workload, scarcity, free_of))
     weight_of = policy.scoring.by_component()
-    # Whether a component applies is the same for every candidate: decided once.
+    # Whether a component applies is the same for every candidate: decided once, and so are the
+    # weights' sums (``_weighted_mean``'s, in its order: the same floats).
     applying = [(c.name, COMPONENT_VALUES[c.name][1]) for c in COMPONENTS if COMPONENT_VALUES[c.name][0](candidates)]
-    weights = {name: weight_of[name] for name, _ in applying}
+    weighted = [(name, value, weight_of[name]) for name, value in applying]
+    total = sum(w for _, _, w in weighted)
+    tie_total = sum(w for name, _, w in weighted if name != "fragmentation")
     out: list[NodeScore] = []
     for state, result in passed:
         if not result.chosen:
             out.append(NodeScore(result.node, 0, {}, 0.0))
             continue
-        comps = {name: value(candidates, state, result) for name, value in applying}
-        value = _weighted_mean(comps, weights)
+        comps = {name: value(candidates, state, result) for name, value, _ in weighted}
+        value = sum(w * comps[name] for name, _, w in weighted) / total if total else 0.0
+        tie = (sum(w * comps[name] for name, _, w in weighted if name != "fragmentation") / tie_total
+               if tie_total else 0.0)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, costs[result.node], value=value,
-                             tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
+                             tie_value=tie))
     return _last_resort(job, gpu_pods, out)
 
 
@@ -436,7 +469,7 @@ def scores_without_devices(job: Job, policy: Policy, workload: WorkloadProfile |
 
 
 def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                           workload: WorkloadProfile | None) -> list[NodeScore]:
+                           workload: WorkloadProfile | None, free_of: FreeOf = free_models) -> list[NodeScore]:
     """A pod that asks for no device (it reaches the extender when the chart sends every pod of its
     scheduler there, ``scheduler.extender.cpuOnlyPods``): ``fragmentation`` of its CPU and memory
     requests (``host_only_delta``), and ``packing``: the share of the node's devices in use
@@ -447,12 +480,12 @@ def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResul
     if not passed or not scores_without_devices(job, policy, workload):
         return [NodeScore(r.node, 0, {}, 0.0) for _, r in passed]
     frees: list[dict[str, FreeModels]] = [{} for _ in passed]  # per state, free_models once per resource
-    frag = fragmentation_values({r.node: host_only_delta(job, s, workload, f)  # type: ignore[arg-type]  # workload: checked
+    frag = fragmentation_values({r.node: host_only_delta(job, s, workload, f, free_of)  # type: ignore[arg-type]  # workload: checked
                                  for (s, r), f in zip(passed, frees)})
     out = []
     weights = {"fragmentation": w.fragmentation, "packing": w.packing}
     for (state, result), f in zip(passed, frees):
-        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, f)}
+        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, f, free_of)}
         value = _weighted_mean(comps, weights)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, 0.0, value=value,
                              tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
@@ -476,8 +509,11 @@ def _last_resort(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], sco
     if not flagged or len(flagged) == len({r.node for _, r in gpu_pods}):
         return scores  # none of them, or nothing else to fall back from
     chosen = {r.node for _, r in gpu_pods}
-    return [dataclasses.replace(s, score=0, last_resort=True) if s.node in flagged
-            else dataclasses.replace(s, score=max(1, s.score)) if s.node in chosen else s
+    # Built field by field: dataclasses.replace, per candidate, was a tenth of the score's time.
+    return [NodeScore(s.node, 0, s.components, s.cost_per_hour, last_resort=True, value=s.value, tie_value=s.tie_value)
+            if s.node in flagged
+            else NodeScore(s.node, max(1, s.score), s.components, s.cost_per_hour, last_resort=s.last_resort, value=s.value,
+                           tie_value=s.tie_value) if s.node in chosen else s
             for s in scores]
 
 

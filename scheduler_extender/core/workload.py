@@ -21,7 +21,7 @@ With whole devices only, a task that fits leaves no fragment.
   host-stranding measure beside it (``host_stranding``: free devices the node's free CPU or memory
   could not feed at the workload's mean request per device).
 
-Pure: no I/O; the profile's memo is an internal cache of a pure function.
+Pure: no I/O; the profile's memos are internal caches of pure functions, bounded.
 """
 
 from __future__ import annotations
@@ -51,6 +51,16 @@ one being placed included) are the best guess of the workload; without a profile
 falls back to cost first, which is what strands GPUs early on (openb: waiting for 50 or 200
 pods allocated less at 130% load, measured with ``gpuplace simulate`` when the component was
 added; docs/ does not record that run)."""
+
+_MEMO_ENTRIES = 200_000
+"""Entries each of a profile's memos keeps; beyond, it starts over (memory must not grow with
+what requests bring)."""
+
+_USABLE_ENTRIES = 1_000
+"""Model lists whose usable models per shape a profile keeps (``scarcity``): a request's list is
+the models free among its nodes, a few dozen lists in a cluster."""
+
+_MISSING = object()
 
 _SEEN_KEYS = 10_000
 """Pod keys remembered, so that kube-scheduler's retries of a pending pod count it once."""
@@ -104,6 +114,9 @@ class WorkloadProfile:
         default_factory=dict, init=False, repr=False)
     _memo: dict[tuple, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
     _per_device: dict[str, tuple[float | None, float | None]] = field(default_factory=dict, init=False, repr=False)
+    _host_classes: dict[tuple, Hashable] = field(default_factory=dict, init=False, repr=False)
+    _exact: dict[tuple, tuple[float, float] | None] = field(default_factory=dict, init=False, repr=False)
+    _usable: dict[tuple, list[tuple[float, tuple[str, ...]]]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         groups: dict[str, list[tuple[DemandShape, float]]] = {}
@@ -145,10 +158,18 @@ class WorkloadProfile:
         and ``host_stranding``, and the engine scores them once (``GroupedEngine.score_grouped`` (``served.grouped``)). The
         ranks (``host_ranks``), and the exact amount of each of CPU and memory the workload gives
         a mean request per device for (``host_stranding`` divides by it)."""
+        key = (resource, cpu_milli_free, memory_bytes_free)
+        hit = self._host_classes.get(key)
+        if hit is not None:
+            return hit
         cpu_mean, mem_mean = self.mean_request_per_device(resource)
         exact_cpu = max(0, cpu_milli_free) if cpu_milli_free is not None and cpu_mean else None
         exact_mem = max(0, memory_bytes_free) if memory_bytes_free is not None and mem_mean else None
-        return (*self.host_ranks(resource, cpu_milli_free, memory_bytes_free), exact_cpu, exact_mem)
+        hit = (*self.host_ranks(resource, cpu_milli_free, memory_bytes_free), exact_cpu, exact_mem)
+        if len(self._host_classes) > _MEMO_ENTRIES:
+            self._host_classes.clear()
+        self._host_classes[key] = hit
+        return hit
 
     def fit_share(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
                   memory_bytes_free: int | None) -> float:
@@ -159,19 +180,28 @@ class WorkloadProfile:
 
     def _measured(self, resource: str, free: FreeByModel, cpu_milli_free: int | None,
                   memory_bytes_free: int | None) -> tuple[float, float] | None:
-        """``_measure`` of this resource's shapes, memoized per (free devices, host ranks); None
-        when the workload has no shape of ``resource``."""
+        """``_measure`` of this resource's shapes, memoized per (free devices, host ranks), and
+        per (free devices, free CPU and memory) in front of that (no ranks to look up); None when
+        the workload has no shape of ``resource``."""
+        exact = (resource, free, cpu_milli_free, memory_bytes_free)
+        hit = self._exact.get(exact, _MISSING)
+        if hit is not _MISSING:
+            return hit  # type: ignore[return-value]
         group = self._by_resource.get(resource)
         if group is None:
-            return None
-        ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
-        key = (resource, free, ci, mi)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._measure(group[0], free, ci, mi, cpu_milli_free, memory_bytes_free)
-            if len(self._memo) > 200_000:
-                self._memo.clear()
-            self._memo[key] = hit
+            hit = None
+        else:
+            ci, mi = self.host_ranks(resource, cpu_milli_free, memory_bytes_free)
+            key = (resource, free, ci, mi)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = self._measure(group[0], free, ci, mi, cpu_milli_free, memory_bytes_free)
+                if len(self._memo) > _MEMO_ENTRIES:
+                    self._memo.clear()
+                self._memo[key] = hit
+        if len(self._exact) > _MEMO_ENTRIES:
+            self._exact.clear()
+        self._exact[exact] = hit
         return hit
 
     @staticmethod
@@ -238,15 +268,26 @@ class WorkloadProfile:
         if total <= 0:
             return {}
         out = dict.fromkeys(supply, 0.0)
-        for s, w in group[0]:
-            usable = [m for m in supply if s.usable(m)]
+        for w_devices, usable in self._usable_models(resource, tuple(supply)):
             free = sum(supply[m] for m in usable)
             if free <= 0:
                 continue
-            weight = w * s.devices * total / free
+            weight = w_devices * total / free
             for m in usable:
                 out[m] += weight
         return {m: round(v, 2) for m, v in out.items()}
+
+    def _usable_models(self, resource: str, models: tuple[str, ...]) -> list[tuple[float, tuple[str, ...]]]:
+        """Per shape of ``resource``, in order: (share x devices, the ``models`` it may use, in
+        their order), remembered per model list (``scarcity`` reads it on every request)."""
+        key = (resource, models)
+        hit = self._usable.get(key)
+        if hit is None:
+            hit = [(w * s.devices, tuple(m for m in models if s.usable(m))) for s, w in self._by_resource[resource][0]]
+            if len(self._usable) > _USABLE_ENTRIES:
+                self._usable.clear()
+            self._usable[key] = hit
+        return hit
 
     def mean_request_per_device(self, resource: str) -> tuple[float | None, float | None]:
         """(CPU millicores, memory bytes) the workload requests per device of ``resource``: the

@@ -21,11 +21,11 @@ from scheduler_extender.core.catalog import Catalog
 from scheduler_extender.core.devices import NodeState, NodeView
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.criteria import per_node_fields
-from scheduler_extender.served.equivalence import copy_state_keys, state_keys, unit_properties, view_class, with_own_values
+from scheduler_extender.served.equivalence import state_keys, unit_properties, view_class, with_own_values
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.score import NodeScore, scores_without_devices, supply_of
+from scheduler_extender.core.score import FreeModels, NodeScore, free_models, score_nodes, scores_without_devices, supply_of
 from scheduler_extender.core.workload import WorkloadProfile
 from scheduler_extender.served.identity import IdentityMemo
 
@@ -213,18 +213,43 @@ with every request, and memory must not grow with what clients send."""
 _CPU_FREE = operator.attrgetter("cpu_milli_free")
 _MEMORY_FREE = operator.attrgetter("memory_bytes_free")
 
+MEMO_HOST_PAIRS = 100_000
+"""Pairs of host classes an engine numbers (``GroupedEngine._host_pair_id``): a cluster's nodes
+have a few hundred distinct free CPU/memory amounts per learned workload."""
+
 MEMO_SCORES = 256
 """Sets of competing node kinds whose scores an engine remembers (``score_grouped``)."""
 
 
 def with_host(state: NodeState, name: str, cpu_milli_free: int | None, memory_bytes_free: int | None) -> NodeState:
     """``state`` under another node's name and free CPU/memory (``score_grouped`` scores a node on
-    its class's representative this way). The keys this layer remembers for a state
-    (``served.equivalence``) depend on neither, so they carry over: the view-level ones with the
-    view both share, the state keys copied to the new state (``equivalence.copy_state_keys``)."""
-    out = dataclasses.replace(state, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
-    copy_state_keys(state, out)
-    return out
+    its class's representative this way, one such state per scored part of every request). Built
+    as ``_replaced`` builds a job, without ``dataclasses.replace``'s cost; the keys this layer
+    remembers for a state (``served.equivalence``) depend on neither field, and are recomputed
+    for the new state if ever asked (the score asks none)."""
+    return _replaced(state, name=name, cpu_milli_free=cpu_milli_free, memory_bytes_free=memory_bytes_free)
+
+
+_FREE_MODELS: IdentityMemo[dict[str, FreeModels]] = IdentityMemo()
+"""Per ``NodeState``: its ``score.free_models`` per resource. A state is immutable and the
+cluster cache keeps it until its node changes, so the free devices of the nodes a request names
+are read once per state, not once per request (``supply_of``) and candidate."""
+
+MAX_RESOURCES_FREE = 16
+"""Resources whose free devices one state's memo keeps (a node has a few; beyond, it starts over)."""
+
+
+def memo_free_models(state: NodeState, resource: str) -> FreeModels:
+    """``score.free_models(state, resource)``, remembered per state (``_FREE_MODELS``)."""
+    frees = _FREE_MODELS.get(state)
+    if frees is None:
+        frees = _FREE_MODELS.put(state, {})
+    free = frees.get(resource)
+    if free is None:
+        if len(frees) >= MAX_RESOURCES_FREE:
+            frees.clear()
+        free = frees[resource] = free_models(state, resource)
+    return free
 
 
 def frozen_value(value: Any) -> Hashable:
@@ -342,7 +367,27 @@ class GroupedEngine(Engine):
         super().__init__(policy, catalog)
         self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[Hashable, NodeScore]] = OrderedDict()
+        self._host_pairs: dict[Hashable, int] = {}
         self.serial = next(_SERIALS)
+
+    def _host_pair_id(self, pair: Hashable) -> int:
+        """A number for a pair of host classes (``score_grouped``'s parts: before and after the
+        pod's requests), the same in every request of this engine, so the remembered scores are
+        keyed by small ints; past ``MEMO_HOST_PAIRS`` numbers, the table and the scores keyed by
+        them start over."""
+        number = self._host_pairs.get(pair)
+        if number is None:
+            if len(self._host_pairs) >= MEMO_HOST_PAIRS:
+                self._host_pairs.clear()
+                self._scores.clear()
+            number = self._host_pairs[pair] = len(self._host_pairs)
+        return number
+
+    def score_with_scarcity(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
+                            workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, NodeScore]:
+        """``Engine.score_with_scarcity`` with each state's free devices remembered (``memo_free_models``)."""
+        passed = [(s, r) for s, r in zip(states, results) if r.passed]
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload, scarcity, memo_free_models)}
 
     def filter_grouped(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None,
                        keys: Sequence[int] | None = None, groups: NodeGroups | None = None) -> GroupedResults:
@@ -439,28 +484,34 @@ class GroupedEngine(Engine):
                                 list(range(len(results))))
         passed = [r.passed for r in grouped.results]
         # A part: (class index, host class), or the class alone when nothing reads free CPU/memory.
-        parts: list[tuple[Hashable, ...]]
+        parts: list[tuple[int, ...]]  # (class index,) or (class index, host pair number)
         if (workload and self.policy.scoring.fragmentation and resource is not None and any(passed)
                 and grouped.host_known):
             host = list(zip(map(_CPU_FREE, node_states), map(_MEMORY_FREE, node_states)))
             cpu_need, mem_need = job.cpu_milli or 0, job.memory_bytes or 0
-            host_class: dict[tuple[int | None, int | None], Hashable] = {}
-            for cpu, mem in set(host):  # distinct free CPU/memory pairs: far fewer than nodes
-                host_class[(cpu, mem)] = (workload.host_class(resource, cpu, mem), workload.host_class(
+            # Distinct free CPU/memory pairs (far fewer than nodes) -> the number of their pair of
+            # host classes (before, after the pod's requests): per node, ints are hashed, not tuples.
+            pair_number: dict[tuple[Hashable, Hashable], int] = {}
+            host_number: dict[tuple[int | None, int | None], int] = {}
+            for cpu, mem in set(host):
+                pair = (workload.host_class(resource, cpu, mem), workload.host_class(
                     resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - mem_need))
+                host_number[(cpu, mem)] = pair_number.setdefault(pair, len(pair_number))
+            pair_ids = [self._host_pair_id(pair) for pair in pair_number]
+            width = len(pair_ids)
             # Failed classes are split too (they are not scored): no per-node test of the verdict.
-            keys = list(zip(grouped.group_of, map(host_class.__getitem__, host)))
-            first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
-            parts = list(first)
+            codes = [g * width + h for g, h in zip(grouped.group_of, map(host_number.__getitem__, host))]
+            first = dict(zip(reversed(codes), range(len(codes) - 1, -1, -1)))  # first node of each part
+            parts = [(code // width, pair_ids[code % width]) for code in first]
             first_of = list(first.values())
-            index = {key: i for i, key in enumerate(parts)}
-            score_of = list(map(index.__getitem__, keys))
+            index = {code: i for i, code in enumerate(first)}
+            score_of = list(map(index.__getitem__, codes))
         else:  # the filter classes themselves: nothing per node
             parts = [(g,) for g in range(len(passed))]
             first_of = grouped.first_index
             score_of = grouped.group_of
         if supply is None and resource is not None and workload:  # over every node of the request
-            supply = supply_of(list(zip(grouped.states, grouped.sizes)), resource)
+            supply = supply_of(list(zip(grouped.states, grouped.sizes)), resource, memo_free_models)
         scarcity = self.scarcity(job, workload, supply)
         memo_key = None
         if grouped._from_groups:
@@ -477,21 +528,33 @@ class GroupedEngine(Engine):
                     self._scores.move_to_end(memo_key)
                     return ScoredGroups([hit.get(gp) for gp in global_parts],
                                         [grouped.results[k[0]] for k in parts], score_of)
-        states: list[NodeState] = []
         results: list[NodeResult] = []
+        candidates: list[tuple[NodeState, NodeResult]] = []
+        # Per candidate state (by identity: every one is alive in ``candidates`` until the score
+        # returns), the free devices of the class state it stands for, read once per state.
+        frees: dict[int, FreeModels] = {}
         for key, i in zip(parts, first_of):
             g = key[0]
             rep, r = grouped.states[g], grouped.results[g]
             if passed[g]:
                 s = node_states[i]
+                if resource is not None:
+                    free = memo_free_models(rep, resource)
                 if s.name != r.node:
                     rep = with_host(rep, s.name, s.cpu_milli_free, s.memory_bytes_free)
                     r = NodeResult(s.name, True, r.rejections, r.chosen, r.untouched)
                 else:
                     rep = s
-            states.append(rep)
+                if resource is not None:
+                    frees[id(rep)] = free
+                candidates.append((rep, r))
             results.append(r)
-        by_name = self.score_with_scarcity(job, states, results, workload, scarcity)
+
+        def free_of(state: NodeState, of: str) -> FreeModels:
+            free = frees.get(id(state)) if of == resource else None
+            return free if free is not None else free_models(state, of)
+
+        by_name = {sc.node: sc for sc in score_nodes(job, candidates, self.policy, workload, scarcity, free_of)}
         scores = [by_name.get(r.node) if r.passed else None for r in results]
         if memo_key is not None:
             self._scores[memo_key] = {gp: sc for gp, sc in zip(global_parts, scores) if sc is not None}

@@ -502,14 +502,11 @@ class ExtenderService:
             passing: list[str] = []
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
-            # (class, scored part) -> (passes the filter, passes the answer but for ``chosen``, the
-            # reason otherwise, unresolvable): the same for every node of the pair.
-            verdicts: dict[tuple[int, int], tuple[bool, bool, str, bool]] = {}
-            for name, g, k in zip(names, grouped.group_of, score_of):
-                v = verdicts.get((g, k))
-                if v is None:
-                    v = verdicts[(g, k)] = _best_only_verdict(grouped.results[g], scored.scores[k], top, best, chosen)
-                passed, passes, reason, unresolvable_reason = v
+            # Per scored part (its nodes are of one class: ``scored.results[k]`` is that class's
+            # result): (passes the filter, passes the answer but for ``chosen``, the reason
+            # otherwise, unresolvable), the same for every node of the part.
+            verdicts = [_best_only_verdict(r, sc, top, best, chosen) for r, sc in zip(scored.results, scored.scores)]
+            for name, (passed, passes, reason, unresolvable_reason) in zip(names, map(verdicts.__getitem__, score_of)):
                 if passes or (passed and name == chosen):
                     passing.append(name)
                 else:

@@ -178,15 +178,12 @@ class GpuplacePolicy:
         (job, live classes, per live class the index of its state in the request, results)."""
         job = self.job(pod)
         live = cluster.live_classes(fits)
-        states: list[NodeState] = []
-        where: dict[int, int] = {}
-        state_of: list[int] = []
-        for cid in live:
-            st = cluster.class_state(cid, pod.gpu_milli)
-            k = where.setdefault(id(st), len(states))
-            if k == len(states):
-                states.append(st)
-            state_of.append(k)
+        per_class = cluster.class_states(live, pod.gpu_milli)
+        ids = list(map(id, per_class))
+        distinct = dict(zip(ids, per_class))  # each state once, in order of first appearance
+        states: list[NodeState] = list(distinct.values())
+        position = {i: k for k, i in enumerate(distinct)}
+        state_of = list(map(position.__getitem__, ids))
         self.filter_calls += 1
         return job, live, state_of, self.engine.filter_grouped(job, states, None)
 

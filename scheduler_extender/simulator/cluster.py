@@ -145,7 +145,7 @@ class Cluster:
     def live_classes(self, nodes_mask: np.ndarray | None = None) -> list[int]:
         """Classes with at least one node (of ``nodes_mask``, when given)."""
         if nodes_mask is not None:
-            return [int(c) for c in np.unique(self.class_of[nodes_mask])]
+            return np.unique(self.class_of[nodes_mask]).tolist()  # type: ignore[no-any-return]
         return [c for c, n in enumerate(self._class_count) if n > 0]
 
     def class_state(self, cid: int, milli: int = MILLI) -> NodeState:
@@ -172,6 +172,15 @@ class Cluster:
                 self._engine_states[key] = state
             self._class_states[(cid, milli)] = state
         return state
+
+    def class_states(self, cids: Sequence[int], milli: int = MILLI) -> list[NodeState]:
+        """``class_state(cid, milli)`` of each of ``cids``, in order (the ones built before are
+        read without a call each)."""
+        cache = self._class_states
+        out = [cache.get((cid, milli)) for cid in cids]
+        if None in out:
+            out = [st if st is not None else self.class_state(cid, milli) for cid, st in zip(cids, out)]
+        return out  # type: ignore[return-value]
 
     def _shared_state(self, view: NodeView, units: tuple[Unit, ...], holders: tuple[tuple[int, ...], ...],
                       cpu: int | None, mem: int | None) -> NodeState:

@@ -11,8 +11,10 @@ import yaml
 from benchmarks.cluster import POD_MIX, generate_cluster, pod as bench_pod
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.catalog import default_catalog
+from scheduler_extender.core.engine import Engine
 from scheduler_extender.core.devices import NodeAllocation, NodeState, allocation_from_inventory, build_node_view
-from scheduler_extender.served.grouped import GroupedEngine, with_host
+from scheduler_extender.core.score import free_models
+from scheduler_extender.served.grouped import GroupedEngine, memo_free_models, with_host
 from scheduler_extender.served.equivalence import _unit_properties, state_key
 from scheduler_extender.core.policy import default_policy, parse_policy
 from scheduler_extender.core.workload import DemandShape, WorkloadProfile
@@ -81,7 +83,7 @@ def assert_same_decisions(engine, states, now=None, workload=None):
             where = f"pod {p['metadata']['name']} on {d.node} (class of {g.node})"
             assert (g.passed, g.reason, g.unresolvable, g.untouched) == (d.passed, d.reason, d.unresolvable, d.untouched), where
             assert sorted(map(_unit_properties, g.chosen)) == sorted(map(_unit_properties, d.chosen)), where
-        direct_scores = engine.score(job, states, direct, workload)
+        direct_scores = Engine(engine.policy, engine.catalog).score(job, states, direct, workload)  # no served memo
         scored = engine.score_grouped(job, grouped, workload)
         for i, s in enumerate(states):
             d = direct_scores.get(s.name)
@@ -281,3 +283,17 @@ def test_a_new_criterion_on_the_power_limit_is_decided_right_per_node_with_no_ch
     assert grouped.group_of[0] == grouped.group_of[3] and len(set(grouped.group_of)) == 4
     direct = engine.filter(job, states, None)
     assert [(d.passed, d.reason) for d in direct] == [(verdicts[s.name].passed, verdicts[s.name].reason) for s in states]
+
+
+def test_free_devices_are_remembered_per_state_and_equal_the_plain_reading():
+    states = cluster_states()
+    for s in states:
+        for resource in ("nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "amd.com/gpu"):
+            first = memo_free_models(s, resource)
+            assert first == free_models(s, resource), (s.name, resource)
+            assert memo_free_models(s, resource) is first  # read once per state
+    # A state with one GPU more held is another object: its own reading, not the first state's.
+    s = next(s for s in states if free_models(s, "nvidia.com/gpu")[0])
+    uuid = next(iter(free_models(s, "nvidia.com/gpu")[0]))
+    held = dataclasses.replace(s, allocation=NodeAllocation(held={**s.allocation.held, uuid: "ns/other"}))
+    assert memo_free_models(held, "nvidia.com/gpu") == free_models(held, "nvidia.com/gpu") != memo_free_models(s, "nvidia.com/gpu")

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from scheduler_extender.core.engine import Engine
 from scheduler_extender.served.grouped import GroupedEngine
 from scheduler_extender.simulator.baselines import GpuplacePolicy
 from scheduler_extender.simulator.model import simulation_catalog
@@ -30,12 +31,13 @@ class CheckedPolicy(GpuplacePolicy):
         super().__init__(engine)
         self.compared = 0
         served = self.decider.score
+        reference = Engine(engine.policy, engine.catalog)  # the plain path: no memo of the served layer
 
         def checked(job, grouped, supply=None, workload=None):
             out = served(job, grouped, supply, workload)
             profile = workload if workload is not None else self.decider.workload_profile()
-            plain = engine.filter(job, grouped.node_states, None)
-            plain_scores = engine.score(job, grouped.node_states, plain, profile, supply)
+            plain = reference.filter(job, grouped.node_states, None)
+            plain_scores = reference.score(job, grouped.node_states, plain, profile, supply)
             for i, (state, direct) in enumerate(zip(grouped.node_states, plain)):
                 verdict = grouped.results[grouped.group_of[i]]
                 where = f"pod {job.req.name or '?'} on {state.name}"
