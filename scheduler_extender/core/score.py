@@ -210,7 +210,7 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
     levels, before = free or free_models(state, resource)
     if shares is None:
         shares = shares_taken(job, state, chosen)
-    g_before = sum(level * n for _, level, n in before) / MILLI
+    g_before = sum(levels.values()) / MILLI  # = sum(level x n) over ``before``: the same integer
     g_after = g_before - sum(min(levels.get(u.uuid, 0), m) for u, m in zip(chosen, shares)) / MILLI
     cpu_after = None if cpu is None else cpu - (job.cpu_milli or 0)
     mem_after = None if mem is None else mem - (job.memory_bytes or 0)
@@ -359,7 +359,7 @@ def _full_gpus_preferred(c: Candidates) -> bool:
 def _mig(c: Candidates, state: NodeState, result: NodeResult) -> float:
     units = result.chosen
     kind = "gpu" if _full_gpus_preferred(c) else "mig"
-    return sum(u.kind == kind for u in units) / len(units)
+    return [u.kind for u in units].count(kind) / len(units)
 
 
 @component("throughput", applies=lambda c: c.job.workload in ("training", "finetune-lora"))

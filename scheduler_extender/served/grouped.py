@@ -214,8 +214,12 @@ _CPU_FREE = operator.attrgetter("cpu_milli_free")
 _MEMORY_FREE = operator.attrgetter("memory_bytes_free")
 
 MEMO_HOST_PAIRS = 100_000
-"""Pairs of host classes an engine numbers (``GroupedEngine._host_pair_id``): a cluster's nodes
+"""Pairs of host classes an engine numbers (``GroupedEngine._host_pairs_of``): a cluster's nodes
 have a few hundred distinct free CPU/memory amounts per learned workload."""
+
+MEMO_PAIR_TABLES = 256
+"""(resource, pod requests) whose host-pair numbers an engine keeps per free CPU/memory, for the
+latest learned workload only (``GroupedEngine._host_pairs_of``); beyond, they start over."""
 
 MEMO_SCORES = 256
 """Sets of competing node kinds whose scores an engine remembers (``score_grouped``)."""
@@ -368,20 +372,43 @@ class GroupedEngine(Engine):
         self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[Hashable, NodeScore]] = OrderedDict()
         self._host_pairs: dict[Hashable, int] = {}
+        self._pair_tables: dict[Hashable, dict[tuple[int | None, int | None], int]] = {}
+        self._pairs_workload: WorkloadProfile | None = None
         self.serial = next(_SERIALS)
 
-    def _host_pair_id(self, pair: Hashable) -> int:
-        """A number for a pair of host classes (``score_grouped``'s parts: before and after the
-        pod's requests), the same in every request of this engine, so the remembered scores are
-        keyed by small ints; past ``MEMO_HOST_PAIRS`` numbers, the table and the scores keyed by
-        them start over."""
-        number = self._host_pairs.get(pair)
-        if number is None:
-            if len(self._host_pairs) >= MEMO_HOST_PAIRS:
-                self._host_pairs.clear()
+    def _host_pairs_of(self, workload: WorkloadProfile, resource: str, cpu_need: int, memory_need: int,
+                       host: Iterable[tuple[int | None, int | None]]) -> dict[tuple[int | None, int | None], int]:
+        """For a pod requesting ``cpu_need`` / ``memory_need``, free (CPU, memory) -> the number of
+        its pair of ``WorkloadProfile.host_class`` before and after the pod's requests, for the
+        pairs of ``host`` and those seen before. The numbers are this engine's, the same in every
+        request (``score_grouped`` keys its parts and its remembered scores by them); past
+        ``MEMO_HOST_PAIRS`` of them, the numbers, the tables and the scores keyed by them start over."""
+        if self._pairs_workload is not workload:  # a new snapshot: the tables of the last one go
+            self._pair_tables.clear()
+            self._pairs_workload = workload
+        key = (resource, cpu_need, memory_need)
+        table = self._pair_tables.get(key)
+        if table is None:
+            if len(self._pair_tables) >= MEMO_PAIR_TABLES:
+                self._pair_tables.clear()
+            table = self._pair_tables[key] = {}
+        missing = set(host).difference(table)
+        if missing:
+            numbers = self._host_pairs
+            if len(numbers) + len(missing) > MEMO_HOST_PAIRS:
+                numbers.clear()
+                self._pair_tables.clear()
                 self._scores.clear()
-            number = self._host_pairs[pair] = len(self._host_pairs)
-        return number
+                table = self._pair_tables[key] = {}
+                missing = set(host)
+            for cpu, mem in missing:
+                pair = (workload.host_class(resource, cpu, mem), workload.host_class(
+                    resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - memory_need))
+                number = numbers.get(pair)
+                if number is None:
+                    number = numbers[pair] = len(numbers)
+                table[(cpu, mem)] = number
+        return table
 
     def score_with_scarcity(self, job: Job, states: Sequence[NodeState], results: Sequence[NodeResult],
                             workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, NodeScore]:
@@ -488,21 +515,11 @@ class GroupedEngine(Engine):
         if (workload and self.policy.scoring.fragmentation and resource is not None and any(passed)
                 and grouped.host_known):
             host = list(zip(map(_CPU_FREE, node_states), map(_MEMORY_FREE, node_states)))
-            cpu_need, mem_need = job.cpu_milli or 0, job.memory_bytes or 0
-            # Distinct free CPU/memory pairs (far fewer than nodes) -> the number of their pair of
-            # host classes (before, after the pod's requests): per node, ints are hashed, not tuples.
-            pair_number: dict[tuple[Hashable, Hashable], int] = {}
-            host_number: dict[tuple[int | None, int | None], int] = {}
-            for cpu, mem in set(host):
-                pair = (workload.host_class(resource, cpu, mem), workload.host_class(
-                    resource, None if cpu is None else cpu - cpu_need, None if mem is None else mem - mem_need))
-                host_number[(cpu, mem)] = pair_number.setdefault(pair, len(pair_number))
-            pair_ids = [self._host_pair_id(pair) for pair in pair_number]
-            width = len(pair_ids)
+            pair_of = self._host_pairs_of(workload, resource, job.cpu_milli or 0, job.memory_bytes or 0, host)
             # Failed classes are split too (they are not scored): no per-node test of the verdict.
-            codes = [g * width + h for g, h in zip(grouped.group_of, map(host_number.__getitem__, host))]
+            codes = [g * MEMO_HOST_PAIRS + h for g, h in zip(grouped.group_of, map(pair_of.__getitem__, host))]
             first = dict(zip(reversed(codes), range(len(codes) - 1, -1, -1)))  # first node of each part
-            parts = [(code // width, pair_ids[code % width]) for code in first]
+            parts = [divmod(code, MEMO_HOST_PAIRS) for code in first]
             first_of = list(first.values())
             index = {code: i for i, code in enumerate(first)}
             score_of = list(map(index.__getitem__, codes))
@@ -519,7 +536,7 @@ class GroupedEngine(Engine):
             # passing node (class key, host class) compete: remembered across pods and node lists.
             class_keys = grouped.groups.class_keys  # type: ignore[union-attr]  # _from_groups: given
             job_key = _job_key(decision_job(job))
-            global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]
+            global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]  # (class key, host pair number)
             if job_key is not None:
                 memo_key = (job_key, workload or None, tuple(sorted(scarcity.items())) if scarcity else None, frozenset(
                     gp for gp, k in zip(global_parts, parts) if passed[k[0]]))
