@@ -480,7 +480,10 @@ def _start_dra(args: argparse.Namespace, service: ExtenderService, catalog: Any,
 
     from scheduler_extender.cluster.dra import DraFleet, watchers
     api = client.ResourceV1Api(client.ApiClient())
-    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers), _object_reader(api.read_namespaced_resource_claim))
+    # A claim the watch has not shown yet is read while kube-scheduler waits for /filter: at most
+    # 1 s to connect and 1.5 s to answer, well inside the chart's 5 s httpTimeoutSeconds.
+    fleet = DraFleet(catalog, dra_drivers(args.dra_drivers),
+                     _object_reader(api.read_namespaced_resource_claim, CLAIM_READ_TIMEOUT_SECONDS))
     for w in watchers(fleet, api.list_resource_slice, api.list_resource_claim_for_all_namespaces, stop,
                       on_relist=lambda kind: metrics.relists.labels(kind).inc(),
                       watch_timeout_seconds=args.watch_timeout_seconds):
@@ -517,22 +520,32 @@ def _template_creator(device_class: str) -> Callable[[str, int], None]:
             return
         try:
             api.create_namespaced_resource_claim_template(namespace, claim_template(namespace, count, device_class),
-                                                          _request_timeout=(2, 5))
+                                                          _request_timeout=OBJECT_READ_TIMEOUT_SECONDS)
         except ApiException as e:
             if e.status != 409:  # created meanwhile by another replica: as good
                 raise
     return ensure
 
 
-def _object_reader(read_namespaced: Callable[..., Any]) -> Callable[[str, str], Any]:
+OBJECT_READ_TIMEOUT_SECONDS = (2, 5)
+"""(connect, read) seconds of the webhooks' single reads: the API server's webhook timeout is longer."""
+
+CLAIM_READ_TIMEOUT_SECONDS = (1, 1.5)
+"""(connect, read) seconds of the filter's read of a claim the watch has not shown
+(``cluster.dra.DraFleet.claim``): kube-scheduler waits ``httpTimeoutSeconds`` (the chart: 5) for
+the whole answer."""
+
+
+def _object_reader(read_namespaced: Callable[..., Any],
+                   timeout_seconds: tuple[float, float] = OBJECT_READ_TIMEOUT_SECONDS) -> Callable[[str, str], Any]:
     """``read(namespace, name)`` over a client's ``read_namespaced_*``: the object as decoded JSON,
     None when it does not exist; raises on any other API error (the claim webhook then refuses,
-    and the controller retries). At most 2 s to connect and 5 s to answer."""
+    and the controller retries). At most ``timeout_seconds`` (connect, read)."""
     from kubernetes.client.rest import ApiException
 
     def read(namespace: str, name: str) -> Any:
         try:
-            resp = read_namespaced(name, namespace, _preload_content=False, _request_timeout=(2, 5))
+            resp = read_namespaced(name, namespace, _preload_content=False, _request_timeout=timeout_seconds)
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -676,3 +676,26 @@ def test_the_webhook_app_answers_both_paths_and_400_for_what_is_not_an_admission
         bad = client.post("/mutate/pods", content=b"[1, 2")
         assert bad.status_code == 400 and "not JSON" in bad.json()["Error"]
         assert client.get("/healthz").text == "ok"
+
+
+def test_the_filter_reads_a_claim_the_watch_has_not_shown_within_the_time_kube_scheduler_waits():
+    import yaml
+    from kubernetes.client.rest import ApiException
+
+    from scheduler_extender import cli
+    from tests.factories import ROOT
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "gpuplace" / "values.yaml").read_text())
+    waits = values["scheduler"]["extender"]["httpTimeoutSeconds"]
+    calls = []
+
+    def read_namespaced(name, namespace, **kwargs):
+        calls.append((namespace, name, kwargs))
+        raise ApiException(status=404)
+
+    read = cli._object_reader(read_namespaced, cli.CLAIM_READ_TIMEOUT_SECONDS)
+    assert read("team-a", "pod-gpu") is None  # not found: no such claim
+    (namespace, name, kwargs), = calls
+    connect, answer = kwargs["_request_timeout"]
+    assert (namespace, name) == ("team-a", "pod-gpu") and connect + answer < waits
+    fleet = DraFleet(Engine().catalog, default_drivers(), fetch_claim=read)  # the watch has shown nothing: read once
+    assert fleet.claim("team-a", "pod-gpu") is None and len(calls) == 2
