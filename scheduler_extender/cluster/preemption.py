@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from scheduler_extender.cluster.pending import NOMINATED_ANNOTATION
+from scheduler_extender.cluster.requeue import patch_failure
 from scheduler_extender.core.pod import Pod
 from scheduler_extender.core.preemption import (NO_LOWER, Candidate, NodePreemption, NoPreemption, best_preemption,
                                                 choose_victims, resolvable_only)
@@ -403,7 +404,7 @@ class KubePreemptionApi:
                                                 _request_timeout=10)
         except ApiException as e:
             log.warning("nomination patch of pod %s/%s: HTTP %s: %s", namespace, name, e.status, str(e.body)[:300])
-            return "gone" if e.status in (404, 409, 422) else "forbidden" if e.status == 403 else "error"
+            return patch_failure(e.status)
         return "nominated"
 
     def evict(self, namespace: str, name: str, uid: str) -> str:

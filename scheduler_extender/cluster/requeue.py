@@ -337,10 +337,20 @@ def requeue_patch(now: dt.datetime, uid: str) -> dict[str, Any]:
     return {"metadata": {"uid": uid, "annotations": {REQUEUE_ANNOTATION: stamp}}}
 
 
+def patch_failure(status: int | None) -> str:
+    """What a failed patch of a pod with a uid precondition means, by its HTTP status: ``gone``
+    for a pod deleted or recreated (404, 409 conflict with the uid, 422), ``forbidden`` for 403
+    (RBAC, or the chart's admission policy), else ``error``. The requeue patch and the preemption
+    controller's nomination patch read it alike."""
+    if status in (404, 409, 422):
+        return "gone"
+    return "forbidden" if status == 403 else "error"
+
+
 def pod_patcher(api_client: Any) -> Callable[[str, str, str], str]:
     """``patch(namespace, name, uid)`` through the Kubernetes API (a JSON merge patch of
-    :func:`requeue_patch`); returns one of :data:`RESULTS`: ``gone`` for a pod deleted or recreated
-    (404, 409, 422), ``forbidden`` for 403 (RBAC, or the chart's admission policy)."""
+    :func:`requeue_patch`); returns one of :data:`RESULTS`: ``requeued``, or ``patch_failure``'s
+    reading of the API's answer."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -352,12 +362,10 @@ def pod_patcher(api_client: Any) -> Callable[[str, str, str], str]:
             core.patch_namespaced_pod(name, namespace, body, _content_type="application/merge-patch+json",
                                       _request_timeout=10)
         except ApiException as e:
-            if e.status in (404, 409, 422):
-                return "gone"
-            if e.status == 403:
-                return "forbidden"
-            log.warning("requeue patch of pod %s/%s: HTTP %s: %s", namespace, name, e.status, str(e.body)[:300])
-            return "error"
+            outcome = patch_failure(e.status)
+            if outcome == "error":
+                log.warning("requeue patch of pod %s/%s: HTTP %s: %s", namespace, name, e.status, str(e.body)[:300])
+            return outcome
         return "requeued"
 
     return patch

@@ -342,3 +342,10 @@ def test_pods_of_one_spec_decided_together_count_only_the_changes_after_their_ow
     s.filter(pod(name="late"), names=["gpu-4090-0"])  # kube-scheduler left gpu-4090-1 out for this one
     s.cache.apply_node_event("MODIFIED", node("gpu-4090-0", 3))  # a later change that admits nothing
     assert s.due_names() == ["early"]  # gpu-4090-1 changed after "early" was answered, not after "late"
+
+
+def test_a_failed_pod_patch_reads_as_gone_forbidden_or_error_by_its_status():
+    from scheduler_extender.cluster.requeue import patch_failure
+    assert [patch_failure(s) for s in (404, 409, 422)] == ["gone"] * 3  # deleted, or recreated under a new uid
+    assert patch_failure(403) == "forbidden"
+    assert [patch_failure(s) for s in (400, 429, 500, 503, None)] == ["error"] * 5
