@@ -554,9 +554,8 @@ class ExtenderService:
             if name in best:
                 continue
             if sc is not None:
-                failed[name] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "
-                                f"{top[0]} ({top[1]:.3f}): this pod's CPU and memory would leave this node's free GPUs "
-                                "less usable (the extender's filter returns its best-scored node only)")
+                failed[name] = _scored_lower(sc, "another node", top, ": this pod's CPU and memory would leave this node's "
+                                             "free GPUs less usable (the extender's filter returns its best-scored node only)")
             elif not r.passed:
                 (unresolvable if r.unresolvable else failed)[name] = r.reason
         return dumps(self._result_body(args, passing, failed, unresolvable))
@@ -792,8 +791,8 @@ class ExtenderService:
             for n in passing:
                 sc = scores[n]
                 if sc.best_rank != top:
-                    failed[n] = (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and node {best} "
-                                 f"{top[0]} ({top[1]:.3f}) (the extender's filter returns its best-scored nodes only)")
+                    failed[n] = _scored_lower(sc, f"node {best}", top,
+                                              " (the extender's filter returns its best-scored nodes only)")
             passing = [n for n in passing if scores[n].best_rank == top]
         return dumps(self._result_body(args, passing, failed, unresolvable))
 
@@ -802,6 +801,12 @@ class ExtenderService:
         names, decision = self._dra_decide(args, requests)
         scores = decision.scores
         return dumps([{"Host": n, "Score": scores[n].score if n in scores else 0} for n in names])
+
+
+def _scored_lower(sc: NodeScore, than: str, top: tuple[int, float], why: str) -> str:
+    """The reason a node that passes is left out of a one-trip answer: its score ``sc`` against
+    the best, ``top`` (``NodeScore.best_rank``) of ``than`` (another node, or the one named)."""
+    return f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and {than} {top[0]} ({top[1]:.3f}){why}"
 
 
 def _best_only_verdict(r: NodeResult, sc: NodeScore | None, top: tuple[int, float] | None, best: int | None,
@@ -816,8 +821,8 @@ def _best_only_verdict(r: NodeResult, sc: NodeScore | None, top: tuple[int, floa
                              f"node {best} ({top[1]:.3f}) alike; {chosen} is passed alone, so that the extender "  # type: ignore[index]
                              "can hold the pod's GPUs there until kube-scheduler binds it"), False
     if r.passed:
-        return True, False, (f"passes, but gpuplace scores it {sc.score} of 10 ({sc.tie_value:.3f}) and another node "  # type: ignore[union-attr]
-                             f"{best} ({top[1]:.3f}) (the extender's filter returns its best-scored node only)"), False  # type: ignore[index]
+        return True, False, _scored_lower(sc, "another node", top,  # type: ignore[arg-type]  # passed: scored
+                                          " (the extender's filter returns its best-scored node only)"), False
     return False, False, r.reason, r.unresolvable
 
 
