@@ -46,6 +46,23 @@ def sample_size(nodes: int, percentage: int = 0) -> int:
     return max(100, nodes * pct // 100)
 
 
+def cluster_service(nodes: int) -> tuple[ClusterCache, ExtenderService, list[str]]:
+    """Cluster mode's cache over ``nodes`` generated GPU nodes (64 CPUs and 512 GiB allocatable
+    each, inventories observed now, no pods), the extender's service over it, and the node names
+    sorted."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cache = ClusterCache(default_catalog())
+    docs = generate_cluster(nodes)
+    cache.replace_nodes([{"metadata": {"name": d["nodeName"], "resourceVersion": "1",
+                                       "annotations": {ANNOTATION: json.dumps({**d, "observedAt": now})}},
+                          "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **node_allocatable(d)}}}
+                         for d in docs])
+    cache.replace_pods([])
+    cache.replace_namespaces([{"metadata": {"name": "bench"}}])
+    service = ExtenderService(Engine(), ClusterSource(cache, default_catalog()))
+    return cache, service, sorted(d["nodeName"] for d in docs)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=500)
@@ -60,21 +77,11 @@ def main(argv: list[str] | None = None) -> None:
                         "the best node only, no prioritize call")
     p.add_argument("--profile", action="store_true", help="print a pyinstrument call tree (bench extra)")
     args = p.parse_args(argv)
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cache = ClusterCache(default_catalog())
-    docs = generate_cluster(args.nodes)
-    cache.replace_nodes([{"metadata": {"name": d["nodeName"], "resourceVersion": "1",
-                                       "annotations": {ANNOTATION: json.dumps({**d, "observedAt": now})}},
-                          "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **node_allocatable(d)}}}
-                         for d in docs])
-    cache.replace_pods([])
-    cache.replace_namespaces([{"metadata": {"name": "bench"}}])
-    service = ExtenderService(Engine(), ClusterSource(cache, default_catalog()))
+    cache, service, names = cluster_service(args.nodes)
     service.filter_returns_best = args.one_trip
     requeued: list[str] = []
     if args.requeue:
         service.requeue = Requeuer(service, lambda ns, name, uid: requeued.append(uid) or "requeued")
-    names = sorted(d["nodeName"] for d in docs)
     window = sample_size(len(names), args.percentage_of_nodes_to_score)
     pods = generate_pods(args.pods)
     for i, pod in enumerate(pods):

@@ -25,7 +25,8 @@ from scheduler_extender.served.equivalence import state_keys, unit_properties, v
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.score import FreeModels, NodeScore, free_models, score_nodes, scores_without_devices, supply_of
+from scheduler_extender.core.score import (FreeModels, NodeScore, devices_in_use, free_models, score_nodes,
+                                           scores_without_devices, supply_of)
 from scheduler_extender.core.workload import WorkloadProfile
 from scheduler_extender.served.identity import IdentityMemo
 
@@ -243,6 +244,18 @@ MAX_RESOURCES_FREE = 16
 """Resources whose free devices one state's memo keeps (a node has a few; beyond, it starts over)."""
 
 
+_DEVICES_IN_USE: IdentityMemo[float] = IdentityMemo()
+"""Per ``NodeState``: its ``score.devices_in_use``."""
+
+
+def memo_devices_in_use(state: NodeState) -> float:
+    """``score.devices_in_use(state)``, remembered per state (``_DEVICES_IN_USE``)."""
+    value = _DEVICES_IN_USE.get(state)
+    if value is None:
+        value = _DEVICES_IN_USE.put(state, devices_in_use(state, None, memo_free_models))
+    return value
+
+
 def memo_free_models(state: NodeState, resource: str) -> FreeModels:
     """``score.free_models(state, resource)``, remembered per state (``_FREE_MODELS``)."""
     frees = _FREE_MODELS.get(state)
@@ -416,6 +429,26 @@ class GroupedEngine(Engine):
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
         return {s.node: s for s in score_nodes(job, passed, self.policy, workload, scarcity, memo_free_models)}
 
+    def _score_without_devices(self, job: Job, grouped: GroupedResults, workload: WorkloadProfile) -> ScoredGroups:
+        """``score_grouped`` for a pod without devices (``score.scores_without_devices``), which is
+        scored on each node's own free devices, CPU and memory (``score._score_without_devices``):
+        its filter classes leave those out. Nodes are split by exactly what that score reads of
+        them (per device resource of the workload, the free devices by model; the free CPU and
+        memory; the share of devices in use), and each part is scored once, on its first node. At
+        5,000 nodes, node by node, such a pod took about 110 ms a request."""
+        node_states = grouped.node_states
+        resources = workload.resources
+        keys = [(g, tuple([memo_free_models(s, r)[1] for r in resources]), s.cpu_milli_free, s.memory_bytes_free,
+                 memo_devices_in_use(s)) for g, s in zip(grouped.group_of, node_states)]
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
+        index = {key: i for i, key in enumerate(first)}
+        score_of = list(map(index.__getitem__, keys))
+        states = [node_states[i] for i in first.values()]
+        results = [NodeResult(s.name, r.passed, r.rejections, r.chosen, r.untouched)
+                   for s, r in zip(states, (grouped.results[key[0]] for key in first))]
+        by_name = self.score(job, states, results, workload)
+        return ScoredGroups([by_name.get(r.node) if r.passed else None for r in results], results, score_of)
+
     def filter_grouped(self, job: Job, states: Iterable[NodeState], now: dt.datetime | None,
                        keys: Sequence[int] | None = None, groups: NodeGroups | None = None) -> GroupedResults:
         """``filter`` for many nodes at once: ``filter_node`` runs once per equivalence class.
@@ -502,13 +535,7 @@ class GroupedEngine(Engine):
         resource = job.req.resource
         node_states = grouped.node_states
         if scores_without_devices(job, self.policy, workload):
-            # A pod without devices is scored on each node's own free devices, CPU and memory
-            # (score._score_without_devices), which its filter classes leave out: node by node.
-            per_node = [grouped.results[g] for g in grouped.group_of]
-            results = [NodeResult(s.name, r.passed, r.rejections, r.chosen, r.untouched) for s, r in zip(node_states, per_node)]
-            by_name = self.score(job, node_states, results, workload)
-            return ScoredGroups([by_name.get(r.node) if r.passed else None for r in results], results,
-                                list(range(len(results))))
+            return self._score_without_devices(job, grouped, workload)  # type: ignore[arg-type]  # checked
         passed = [r.passed for r in grouped.results]
         # A part: (class index, host class), or the class alone when nothing reads free CPU/memory.
         parts: list[tuple[int, ...]]  # (class index,) or (class index, host pair number)

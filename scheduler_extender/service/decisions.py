@@ -549,13 +549,18 @@ class ExtenderService:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         best = set(passing)
+        reasons: dict[int, str] = {}  # per score object: the nodes of a scored part share theirs
         for name, g, sc in zip(names, grouped.group_of, per_node):
             r = grouped.results[g]
             if name in best:
                 continue
             if sc is not None:
-                failed[name] = _scored_lower(sc, "another node", top, ": this pod's CPU and memory would leave this node's "
-                                             "free GPUs less usable (the extender's filter returns its best-scored node only)")
+                reason = reasons.get(id(sc))
+                if reason is None:
+                    reason = reasons[id(sc)] = _scored_lower(
+                        sc, "another node", top, ": this pod's CPU and memory would leave this node's free GPUs less "
+                        "usable (the extender's filter returns its best-scored node only)")
+                failed[name] = reason
             elif not r.passed:
                 (unresolvable if r.unresolvable else failed)[name] = r.reason
         return dumps(self._result_body(args, passing, failed, unresolvable))

@@ -4,7 +4,7 @@ sizes, no timing asserted — speed is reported by ``make bench``, never asserte
 import json
 from collections import Counter
 
-from benchmarks import bench_cache, bench_extender, micro_extender, micro_scheduler
+from benchmarks import bench_cache, bench_extender, micro_cpu_only, micro_extender, micro_scheduler
 from benchmarks.cluster import NODE_MIX, generate_cluster, generate_pods
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.engine import Engine
@@ -77,6 +77,13 @@ def test_the_in_process_filter_timing_reports_first_requests_of_a_spec_apart(cap
     assert first + repeat == 30 and 0 < first < 30
     assert lines[3].startswith("  first request of a spec, means: parsing the request ") and "KiB" in lines[3]
     assert len(lines) == 4
+
+
+def test_the_cpu_only_pod_timing_binds_gpu_pods_first_and_prints_the_median(capsys):
+    micro_cpu_only.main(["--nodes", "40", "--gpu-pods", "20", "--requests", "5"])
+    out = capsys.readouterr().out
+    assert out.startswith("40 nodes, 20 GPU pods bound: CPU-only pod filter (one trip), first ")
+    assert "the 4 after it: median " in out and out.rstrip().endswith(" ms")
 
 
 def test_every_floor_stack_answers_that_every_node_passes_and_scores_0():

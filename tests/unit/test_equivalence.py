@@ -297,3 +297,28 @@ def test_free_devices_are_remembered_per_state_and_equal_the_plain_reading():
     uuid = next(iter(free_models(s, "nvidia.com/gpu")[0]))
     held = dataclasses.replace(s, allocation=NodeAllocation(held={**s.allocation.held, uuid: "ns/other"}))
     assert memo_free_models(held, "nvidia.com/gpu") == free_models(held, "nvidia.com/gpu") != memo_free_models(s, "nvidia.com/gpu")
+
+
+def test_a_pod_without_devices_is_scored_once_per_kind_of_node_as_on_each_node_alone():
+    # Three nodes of each state, under their own names, with free CPU/memory from a few values:
+    # nodes alike in what the score reads of them share a score; every node's equals the plain one.
+    rng = random.Random(5)
+    states = [dataclasses.replace(s, name=f"{s.name}-{k}", cpu_milli_free=rng.choice([None, 2000, 64000]),
+                                  memory_bytes_free=rng.choice([8 * 2**30, 512 * 2**30]))
+              for k in range(3) for s in cluster_states()]
+    workload = WorkloadProfile(((DemandShape("nvidia.com/gpu", 1, 4000, 16 * 2**30), 1.0),
+                                (DemandShape("nvidia.com/gpu", 2, 16000, 64 * 2**30), 1.0)), version=1)
+    engine = GroupedEngine()
+    cpu_only = pod(None, gpus=None)
+    cpu_only["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "3", "memory": "12Gi"}
+    job = engine.job(cpu_only)
+    scored = engine.score_grouped(job, engine.filter_grouped(job, states, None), workload)
+    assert len(scored.scores) < len(states)
+    plain = Engine(engine.policy, engine.catalog)
+    direct = plain.score(job, states, plain.filter(job, states, None), workload)
+    assert len({(sc.score, sc.best_rank) for sc in direct.values()}) > 2  # the nodes are told apart
+    for i, s in enumerate(states):
+        got, want = scored.scores[scored.score_of[i]], direct.get(s.name)
+        assert (got is None) == (want is None), s.name
+        if want is not None:
+            assert (got.score, dict(got.components), got.best_rank) == (want.score, dict(want.components), want.best_rank), s.name
