@@ -156,20 +156,27 @@ def share_taken(job: Job, state: NodeState, unit: Unit) -> int:
     shares (``NodeView.sharing``) the pod's VRAM need over the GPU's memory
     (``sharing.share_milli``), as its holders' shares are counted there; a
     ``gpuplace.io/gpu-fraction`` pod on a GPU that is not shared takes all of it."""
+    same = _share_of_every_unit(job, state)
+    return same if same is not None else share_milli(job.vram_need_on(unit), unit.memory_bytes)
+
+
+def _share_of_every_unit(job: Job, state: NodeState) -> int | None:
+    """``share_taken`` where it is the same for every unit of the node (no device plugin shares
+    them, or the pod asks for other devices); None where it depends on the unit's memory."""
     view = state.view
     if view is None or view.sharing is None or job.req.resource != NVIDIA_GPU:
         # A gpu-fraction pod on a GPU no device plugin shares gets the whole GPU.
         return MILLI if job.req.gpu_fraction_milli is not None else job.gpu_milli
-    return share_milli(job.vram_need_on(unit), unit.memory_bytes)
+    return None
 
 
 def shares_taken(job: Job, state: NodeState, chosen: Sequence[Unit]) -> list[int]:
     """``share_taken`` of each of ``chosen``, in order: what the three deltas below read (a
     caller computing all three passes it to each)."""
-    view = state.view
-    if chosen and (view is None or view.sharing is None or job.req.resource != NVIDIA_GPU):
-        return [share_taken(job, state, chosen[0])] * len(chosen)  # the same for every unit there
-    return [share_taken(job, state, u) for u in chosen]
+    same = _share_of_every_unit(job, state)
+    if same is not None:
+        return [same] * len(chosen)
+    return [share_milli(job.vram_need_on(u), u.memory_bytes) for u in chosen]
 
 
 def fragmentation_delta(job: Job, state: NodeState, chosen: Sequence[Unit], workload: WorkloadProfile,
@@ -441,23 +448,18 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         max((u.bf16_tflops or 0 for u in all_units), default=0.0),
         _fragmentation_values(job, gpu_pods, policy, workload, scarcity, free_of))
     weight_of = policy.scoring.by_component()
-    # Whether a component applies is the same for every candidate: decided once, and so are the
-    # weights' sums (``_weighted_mean``'s, in its order: the same floats).
+    # Whether a component applies is the same for every candidate: decided once, with its weight.
     applying = [(c.name, COMPONENT_VALUES[c.name][1]) for c in COMPONENTS if COMPONENT_VALUES[c.name][0](candidates)]
-    weighted = [(name, value, weight_of[name]) for name, value in applying]
-    total = sum(w for _, _, w in weighted)
-    tie_total = sum(w for name, _, w in weighted if name != "fragmentation")
+    weights = _Weights([(name, weight_of[name]) for name, _ in applying])
     out: list[NodeScore] = []
     for state, result in passed:
         if not result.chosen:
             out.append(NodeScore(result.node, 0, {}, 0.0))
             continue
-        comps = {name: value(candidates, state, result) for name, value, _ in weighted}
-        value = sum(w * comps[name] for name, _, w in weighted) / total if total else 0.0
-        tie = (sum(w * comps[name] for name, _, w in weighted if name != "fragmentation") / tie_total
-               if tie_total else 0.0)
+        comps = {name: value(candidates, state, result) for name, value in applying}
+        value = weights.mean(comps)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, costs[result.node], value=value,
-                             tie_value=tie))
+                             tie_value=weights.tie_mean(comps)))
     return _last_resort(job, gpu_pods, out)
 
 
@@ -483,19 +485,31 @@ def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResul
     frag = fragmentation_values({r.node: host_only_delta(job, s, workload, f, free_of)  # type: ignore[arg-type]  # workload: checked
                                  for (s, r), f in zip(passed, frees)})
     out = []
-    weights = {"fragmentation": w.fragmentation, "packing": w.packing}
+    weights = _Weights([("fragmentation", w.fragmentation), ("packing", w.packing)])
     for (state, result), f in zip(passed, frees):
         comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, f, free_of)}
-        value = _weighted_mean(comps, weights)
+        value = weights.mean(comps)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, 0.0, value=value,
-                             tie_value=_weighted_mean(comps, weights, leave_out="fragmentation")))
+                             tie_value=weights.tie_mean(comps)))
     return out
 
 
-def _weighted_mean(comps: Mapping[str, float], weights: Mapping[str, float], leave_out: str = "") -> float:
-    keys = [k for k in comps if k != leave_out]
-    total = sum(weights[k] for k in keys)
-    return sum(weights[k] * comps[k] for k in keys) / total if total else 0.0
+class _Weights:
+    """The weights of the components that apply, in their order, with their sums computed once
+    per scoring call: ``mean`` is the score's weighted mean, ``tie_mean`` the same without
+    ``fragmentation`` (``NodeScore.tie_value``); 0 where the weights sum to 0."""
+
+    def __init__(self, weights: Sequence[tuple[str, float]]) -> None:
+        self.weights = list(weights)
+        self.tie_weights = [(name, w) for name, w in self.weights if name != "fragmentation"]
+        self.total = sum(w for _, w in self.weights)
+        self.tie_total = sum(w for _, w in self.tie_weights)
+
+    def mean(self, comps: Mapping[str, float]) -> float:
+        return sum(w * comps[name] for name, w in self.weights) / self.total if self.total else 0.0
+
+    def tie_mean(self, comps: Mapping[str, float]) -> float:
+        return sum(w * comps[name] for name, w in self.tie_weights) / self.tie_total if self.tie_total else 0.0
 
 
 def _last_resort(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], scores: list[NodeScore]) -> list[NodeScore]:

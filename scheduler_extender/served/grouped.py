@@ -88,7 +88,21 @@ class GroupedResults:
 
 def _first_index(group_of: Sequence[int]) -> list[int]:
     # Classes are numbered in order of first appearance: the k-th first position is class k's.
-    return sorted(dict(zip(reversed(group_of), range(len(group_of) - 1, -1, -1))).values())
+    return sorted(_first_positions(group_of).values())
+
+
+def _first_positions(keys: Sequence[Hashable]) -> dict[Hashable, int]:
+    """Each distinct key of ``keys`` -> the position of its first occurrence (in C: the dict keeps
+    the last write, and the keys are walked backwards)."""
+    return dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))
+
+
+def _split(keys: Sequence[Hashable]) -> tuple[list[Hashable], list[int], list[int]]:
+    """``keys`` (one per node) split into parts of equal keys: the parts' keys, the position of
+    each part's first node, and per node the index of its part; builtins do the per-node work."""
+    first = _first_positions(keys)
+    index = {key: i for i, key in enumerate(first)}
+    return list(first), list(first.values()), list(map(index.__getitem__, keys))
 
 
 def _host_known(states: Sequence[NodeState]) -> bool:
@@ -440,12 +454,10 @@ class GroupedEngine(Engine):
         resources = workload.resources
         keys = [(g, tuple([memo_free_models(s, r)[1] for r in resources]), s.cpu_milli_free, s.memory_bytes_free,
                  memo_devices_in_use(s)) for g, s in zip(grouped.group_of, node_states)]
-        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # first node of each part
-        index = {key: i for i, key in enumerate(first)}
-        score_of = list(map(index.__getitem__, keys))
-        states = [node_states[i] for i in first.values()]
+        parts, first_of, score_of = _split(keys)
+        states = [node_states[i] for i in first_of]
         results = [NodeResult(s.name, r.passed, r.rejections, r.chosen, r.untouched)
-                   for s, r in zip(states, (grouped.results[key[0]] for key in first))]
+                   for s, r in zip(states, (grouped.results[key[0]] for key in parts))]  # type: ignore[index]
         by_name = self.score(job, states, results, workload)
         return ScoredGroups([by_name.get(r.node) if r.passed else None for r in results], results, score_of)
 
@@ -543,13 +555,10 @@ class GroupedEngine(Engine):
                 and grouped.host_known):
             host = list(zip(map(_CPU_FREE, node_states), map(_MEMORY_FREE, node_states)))
             pair_of = self._host_pairs_of(workload, resource, job.cpu_milli or 0, job.memory_bytes or 0, host)
+            width = len(self._host_pairs) or 1  # above every pair number of the table
             # Failed classes are split too (they are not scored): no per-node test of the verdict.
-            codes = [g * MEMO_HOST_PAIRS + h for g, h in zip(grouped.group_of, map(pair_of.__getitem__, host))]
-            first = dict(zip(reversed(codes), range(len(codes) - 1, -1, -1)))  # first node of each part
-            parts = [divmod(code, MEMO_HOST_PAIRS) for code in first]
-            first_of = list(first.values())
-            index = {code: i for i, code in enumerate(first)}
-            score_of = list(map(index.__getitem__, codes))
+            codes, first_of, score_of = _split([g * width + h for g, h in zip(grouped.group_of, map(pair_of.__getitem__, host))])
+            parts = [divmod(code, width) for code in codes]  # type: ignore[call-overload]  # ints
         else:  # the filter classes themselves: nothing per node
             parts = [(g,) for g in range(len(passed))]
             first_of = grouped.first_index
@@ -563,7 +572,7 @@ class GroupedEngine(Engine):
             # passing node (class key, host class) compete: remembered across pods and node lists.
             class_keys = grouped.groups.class_keys  # type: ignore[union-attr]  # _from_groups: given
             job_key = _job_key(decision_job(job))
-            global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]  # (class key, host pair number)
+            global_parts = [(class_keys[k[0]], *k[1:]) for k in parts]  # (class key[, host pair number])
             if job_key is not None:
                 memo_key = (job_key, workload or None, tuple(sorted(scarcity.items())) if scarcity else None, frozenset(
                     gp for gp, k in zip(global_parts, parts) if passed[k[0]]))
@@ -582,16 +591,14 @@ class GroupedEngine(Engine):
             rep, r = grouped.states[g], grouped.results[g]
             if passed[g]:
                 s = node_states[i]
-                if resource is not None:
-                    free = memo_free_models(rep, resource)
                 if s.name != r.node:
-                    rep = with_host(rep, s.name, s.cpu_milli_free, s.memory_bytes_free)
+                    part = with_host(rep, s.name, s.cpu_milli_free, s.memory_bytes_free)
                     r = NodeResult(s.name, True, r.rejections, r.chosen, r.untouched)
                 else:
-                    rep = s
+                    part = s
                 if resource is not None:
-                    frees[id(rep)] = free
-                candidates.append((rep, r))
+                    frees[id(part)] = memo_free_models(rep, resource)
+                candidates.append((part, r))
             results.append(r)
 
         def free_of(state: NodeState, of: str) -> FreeModels:
