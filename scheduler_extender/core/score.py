@@ -225,46 +225,33 @@ def host_stranding_delta(job: Job, state: NodeState, chosen: Sequence[Unit], wor
             - workload.host_stranding(resource, g_before, cpu, mem))
 
 
-def _free_of(state: NodeState, resource: str, frees: dict[str, FreeModels] | None,
-             free_of: FreeOf = free_models) -> FreeModels:
-    """``free_of(state, resource)``, kept in ``frees`` (one call's, for one state) when given."""
-    if frees is None:
-        return free_of(state, resource)
-    free = frees.get(resource)
-    if free is None:
-        free = frees[resource] = free_of(state, resource)
-    return free
-
-
-def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile,
-                    frees: dict[str, FreeModels] | None = None, free_of: FreeOf = free_models) -> float:
+def host_only_delta(job: Job, state: NodeState, workload: WorkloadProfile, free_of: FreeOf = free_models) -> float:
     """For a pod without devices: how much its CPU and memory requests raise the node's expected
     unusable free devices (``fragmentation_delta`` plus ``host_stranding_delta`` with no device
     taken), summed over the device resources of the workload; in devices, 0 or more. 0 on a node
-    whose CPU and memory are unknown, or with no device free. ``frees``: the state's
-    ``free_models`` per resource, shared with ``devices_in_use`` (filled as needed, by
-    ``free_of``)."""
+    whose CPU and memory are unknown, or with no device free. ``free_of``: ``free_models`` or
+    the caller's memo of it."""
     if state.cpu_milli_free is None and state.memory_bytes_free is None:
         return 0.0
     total = 0.0
     for resource in workload.resources:
-        free = _free_of(state, resource, frees, free_of)
+        free = free_of(state, resource)
         if free[1]:
             total += (fragmentation_delta(job, state, (), workload, free, resource)
                       + host_stranding_delta(job, state, (), workload, free, resource))
     return total
 
 
-def devices_in_use(state: NodeState, frees: dict[str, FreeModels] | None = None, free_of: FreeOf = free_models) -> float:
+def devices_in_use(state: NodeState, free_of: FreeOf = free_models) -> float:
     """Share of the node's devices (every resource's healthy units) that pods hold, 0 to 1; 1 for a
     node without devices (its CPU serves no device). What sharing pods left of a unit counts as free.
-    ``frees``: as for ``host_only_delta``."""
+    ``free_of``: as for ``host_only_delta``."""
     view = state.view
     if view is None:
         return 1.0
     total = free = 0.0
     for resource in view.units_by_resource:
-        levels, _ = _free_of(state, resource, frees, free_of)
+        levels, _ = free_of(state, resource)
         total += sum(1 for u in view.units(resource) if u.healthy)
         free += sum(levels.values()) / MILLI
     return 1.0 - free / total if total else 1.0
@@ -396,14 +383,15 @@ def _fragmentation(c: Candidates, state: NodeState, result: NodeResult) -> float
     return c.fragmentation[result.node]
 
 
-def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                          workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None,
-                          free_of: FreeOf = free_models) -> dict[str, float]:
-    """The ``fragmentation`` component's values (``fragmentation_values``) where it applies: a
-    learned workload, a weight, and candidates it tells apart; else empty."""
-    if not workload or policy.scoring.fragmentation <= 0 or not gpu_pods:
-        return {}
-    resource = job.req.resource or ""
+def fragmentation_deltas(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], workload: WorkloadProfile,
+                         scarcity: Mapping[str, float] | None, free_of: FreeOf = free_models) -> dict[str, float]:
+    """Each candidate's increase, by node: ``fragmentation_delta`` + ``host_stranding_delta`` (+
+    ``scarcity_delta`` when ``scarcity`` is given), in devices; what ``fragmentation_values``
+    turns into the component's values. ``gpu_pods``: (state, result with ``chosen``). For a pod
+    that asks for no device, each node's ``host_only_delta`` (``scarcity`` is not read)."""
+    if job.req.resource is None:
+        return {r.node: host_only_delta(job, s, workload, free_of) for s, r in gpu_pods}
+    resource = job.req.resource
     deltas = {}
     for s, r in gpu_pods:
         free = free_of(s, resource)
@@ -411,14 +399,31 @@ def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResu
         deltas[r.node] = (fragmentation_delta(job, s, r.chosen, workload, free, shares=shares)
                           + host_stranding_delta(job, s, r.chosen, workload, free, shares=shares)
                           + (scarcity_delta(job, s, r.chosen, scarcity, shares) if scarcity else 0.0))
-    frag = fragmentation_values(deltas)
+    return deltas
+
+
+FragmentationDeltas = Callable[[Job, Sequence[tuple[NodeState, NodeResult]], WorkloadProfile,
+                                Mapping[str, float] | None, FreeOf], dict[str, float]]
+"""``fragmentation_deltas`` or a function equal to it, float for float (a caller's batch of it:
+``simulator.batch_fragmentation``)."""
+
+
+def _fragmentation_values(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
+                          workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None,
+                          free_of: FreeOf = free_models,
+                          deltas_of: FragmentationDeltas = fragmentation_deltas) -> dict[str, float]:
+    """The ``fragmentation`` component's values (``fragmentation_values``) where it applies: a
+    learned workload, a weight, and candidates it tells apart; else empty."""
+    if not workload or policy.scoring.fragmentation <= 0 or not gpu_pods:
+        return {}
+    frag = fragmentation_values(deltas_of(job, gpu_pods, workload, scarcity, free_of))
     # Telling no candidate apart, it is left out: the other components keep their full say.
     return {} if len(set(frag.values())) == 1 else frag
 
 
 def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
                 workload: WorkloadProfile | None = None, scarcity: Mapping[str, float] | None = None,
-                free_of: FreeOf = free_models) -> list[NodeScore]:
+                free_of: FreeOf = free_models, deltas_of: FragmentationDeltas = fragmentation_deltas) -> list[NodeScore]:
     """Score every node that passed the filter; pods the filter left untouched score 0.
 
     Each declared component (``core.components``, functions ``COMPONENT_VALUES``) that applies
@@ -433,12 +438,13 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         scarcity: ``WorkloadProfile.scarcity`` over the nodes of the request (``supply_of``):
             added to each candidate's fragmentation increase (``scarcity_delta``); None: not.
         free_of: ``free_models``, or a function equal to it (the served layer's memo of it).
+        deltas_of: ``fragmentation_deltas``, or a function equal to it (the simulator's batch).
 
     Returns:
         One ``NodeScore`` per input, in input order.
     """
     if job.req.resource is None:
-        return _score_without_devices(job, passed, policy, workload, free_of)
+        return _score_without_devices(job, passed, policy, workload, free_of, deltas_of)
     gpu_pods = [(s, r) for s, r in passed if r.chosen]
     costs = {r.node: placement_cost(r.chosen, policy) for _, r in gpu_pods}
     all_units = [u for _, r in gpu_pods for u in r.chosen]
@@ -446,7 +452,7 @@ def score_nodes(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy
         job, policy, costs, min(costs.values(), default=0.0),
         max((u.memory_bandwidth_gbps or 0 for u in all_units), default=0.0),
         max((u.bf16_tflops or 0 for u in all_units), default=0.0),
-        _fragmentation_values(job, gpu_pods, policy, workload, scarcity, free_of))
+        _fragmentation_values(job, gpu_pods, policy, workload, scarcity, free_of, deltas_of))
     weight_of = policy.scoring.by_component()
     # Whether a component applies is the same for every candidate: decided once, with its weight.
     applying = [(c.name, COMPONENT_VALUES[c.name][1]) for c in COMPONENTS if COMPONENT_VALUES[c.name][0](candidates)]
@@ -471,23 +477,22 @@ def scores_without_devices(job: Job, policy: Policy, workload: WorkloadProfile |
 
 
 def _score_without_devices(job: Job, passed: Sequence[tuple[NodeState, NodeResult]], policy: Policy,
-                           workload: WorkloadProfile | None, free_of: FreeOf = free_models) -> list[NodeScore]:
+                           workload: WorkloadProfile | None, free_of: FreeOf = free_models,
+                           deltas_of: FragmentationDeltas = fragmentation_deltas) -> list[NodeScore]:
     """A pod that asks for no device (it reaches the extender when the chart sends every pod of its
     scheduler there, ``scheduler.extender.cpuOnlyPods``): ``fragmentation`` of its CPU and memory
-    requests (``host_only_delta``), and ``packing``: the share of the node's devices in use
-    (``devices_in_use``), so that among nodes it does not fragment it goes where the CPU serves
-    the fewest free GPUs, as FGD places such pods. 0 everywhere without a learned workload, or
-    when the pod requests neither CPU nor memory (nothing of a node's changes)."""
+    requests (``host_only_delta``, through ``deltas_of``), and ``packing``: the share of the node's
+    devices in use (``devices_in_use``), so that among nodes it does not fragment it goes where
+    the CPU serves the fewest free GPUs, as FGD places such pods. 0 everywhere without a learned
+    workload, or when the pod requests neither CPU nor memory (nothing of a node's changes)."""
     w = policy.scoring
     if not passed or not scores_without_devices(job, policy, workload):
         return [NodeScore(r.node, 0, {}, 0.0) for _, r in passed]
-    frees: list[dict[str, FreeModels]] = [{} for _ in passed]  # per state, free_models once per resource
-    frag = fragmentation_values({r.node: host_only_delta(job, s, workload, f, free_of)  # type: ignore[arg-type]  # workload: checked
-                                 for (s, r), f in zip(passed, frees)})
+    frag = fragmentation_values(deltas_of(job, passed, workload, None, free_of))  # type: ignore[arg-type]  # workload: checked
     out = []
     weights = _Weights([("fragmentation", w.fragmentation), ("packing", w.packing)])
-    for (state, result), f in zip(passed, frees):
-        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, f, free_of)}
+    for state, result in passed:
+        comps = {"fragmentation": frag[result.node], "packing": devices_in_use(state, free_of)}
         value = weights.mean(comps)
         out.append(NodeScore(result.node, int(round(MAX_SCORE * value)), comps, 0.0, value=value,
                              tie_value=weights.tie_mean(comps)))

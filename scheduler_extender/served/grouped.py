@@ -25,8 +25,9 @@ from scheduler_extender.served.equivalence import state_keys, unit_properties, v
 from scheduler_extender.core.filter import NodeResult, filter_node, inventory_rejection
 from scheduler_extender.core.job import Job
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.score import (FreeModels, NodeScore, devices_in_use, free_models, score_nodes,
-                                           scores_without_devices, supply_of)
+from scheduler_extender.core.score import (FragmentationDeltas, FreeModels, NodeScore, devices_in_use,
+                                           fragmentation_deltas, free_models, score_nodes, scores_without_devices,
+                                           supply_of)
 from scheduler_extender.core.workload import WorkloadProfile
 from scheduler_extender.served.identity import IdentityMemo
 
@@ -266,7 +267,7 @@ def memo_devices_in_use(state: NodeState) -> float:
     """``score.devices_in_use(state)``, remembered per state (``_DEVICES_IN_USE``)."""
     value = _DEVICES_IN_USE.get(state)
     if value is None:
-        value = _DEVICES_IN_USE.put(state, devices_in_use(state, None, memo_free_models))
+        value = _DEVICES_IN_USE.put(state, devices_in_use(state, memo_free_models))
     return value
 
 
@@ -392,10 +393,16 @@ class UnitVerdicts(dict):
 
 class GroupedEngine(Engine):
     """``Engine`` plus the grouped path and its memos (per job: class verdicts and scores). One per
-    policy, swapped whole on a reload like ``Engine``; ``serial`` tells engines apart in answer keys."""
+    policy, swapped whole on a reload like ``Engine``; ``serial`` tells engines apart in answer keys.
 
-    def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
+    ``fragmentation_deltas``: how the score computes the candidates' fragmentation increases,
+    ``score.fragmentation_deltas`` or a function equal to it float for float (``gpuplace
+    simulate`` sets its numpy batch, ``simulator.batch_fragmentation``)."""
+
+    def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None,
+                 fragmentation_deltas: FragmentationDeltas = fragmentation_deltas) -> None:
         super().__init__(policy, catalog)
+        self.fragmentation_deltas = fragmentation_deltas
         self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[Hashable, NodeScore]] = OrderedDict()
         self._host_pairs: dict[Hashable, int] = {}
@@ -441,7 +448,8 @@ class GroupedEngine(Engine):
                             workload: WorkloadProfile | None, scarcity: Mapping[str, float] | None) -> dict[str, NodeScore]:
         """``Engine.score_with_scarcity`` with each state's free devices remembered (``memo_free_models``)."""
         passed = [(s, r) for s, r in zip(states, results) if r.passed]
-        return {s.node: s for s in score_nodes(job, passed, self.policy, workload, scarcity, memo_free_models)}
+        return {s.node: s for s in score_nodes(job, passed, self.policy, workload, scarcity, memo_free_models,
+                                               self.fragmentation_deltas)}
 
     def _score_without_devices(self, job: Job, grouped: GroupedResults, workload: WorkloadProfile) -> ScoredGroups:
         """``score_grouped`` for a pod without devices (``score.scores_without_devices``), which is
@@ -605,7 +613,8 @@ class GroupedEngine(Engine):
             free = frees.get(id(state)) if of == resource else None
             return free if free is not None else free_models(state, of)
 
-        by_name = {sc.node: sc for sc in score_nodes(job, candidates, self.policy, workload, scarcity, free_of)}
+        by_name = {sc.node: sc for sc in score_nodes(job, candidates, self.policy, workload, scarcity, free_of,
+                                                     self.fragmentation_deltas)}
         scores = [by_name.get(r.node) if r.passed else None for r in results]
         if memo_key is not None:
             self._scores[memo_key] = {gp: sc for gp, sc in zip(global_parts, scores) if sc is not None}

@@ -60,6 +60,7 @@ from scheduler_extender.served.grouped import GroupedEngine, GroupedResults
 from scheduler_extender.served.selection import best_ranked
 from scheduler_extender.core.filter import NodeResult, filter_node
 from scheduler_extender.core.job import Job
+from scheduler_extender.simulator import batch_fragmentation
 from scheduler_extender.simulator.cluster import MILLI, Cluster
 from scheduler_extender.simulator.model import SimPod
 
@@ -146,8 +147,11 @@ class GpuplacePolicy:
         # nodes of the best score (``NodeScore.best_rank``), and kube-scheduler's own scores choose
         # among those; False: filter + prioritize.
         self.filter_returns_best = filter_returns_best
-        # The engine, the job memo and the learned workload, as the extender's service holds them.
+        # The engine, the job memo and the learned workload, as the extender's service holds them;
+        # the candidates' fragmentation increases in one numpy batch (equal to the extender's plain
+        # loop, float for float: ``simulator.batch_fragmentation``).
         self.decider = Decider(engine)
+        self.decider.engine.fragmentation_deltas = batch_fragmentation.fragmentation_deltas
         self._jobs: dict[tuple, Job] = {}
         self.filter_calls = 0  # requests to the grouped filter (one per pod the extender is asked about)
 

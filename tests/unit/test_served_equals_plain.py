@@ -11,6 +11,7 @@ import pytest
 
 from scheduler_extender.core.engine import Engine
 from scheduler_extender.served.grouped import GroupedEngine
+from scheduler_extender.simulator import batch_fragmentation
 from scheduler_extender.simulator.baselines import GpuplacePolicy
 from scheduler_extender.simulator.model import simulation_catalog
 from scheduler_extender.simulator.run import fgd_arrivals, run_fill
@@ -60,10 +61,12 @@ def _run(nodes, pods) -> CheckedPolicy:
     return policy
 
 
-def test_on_the_openb_fleet_every_gpuplace_decision_equals_the_plain_engine_on_every_node():
+def test_on_the_openb_fleet_every_gpuplace_decision_equals_the_plain_engine_on_every_node(monkeypatch):
     # Every 12th node of the openb fleet (101 nodes of every GPU model), the default pod list's
     # arrivals tuned to fill them, CPU-only pods included: sharing pods, whole-GPU pods, model
-    # constraints, the learned workload and scarcity all take part.
+    # constraints, the learned workload and scarcity all take part. Every scoring call takes the
+    # simulator's numpy batch of fragmentation increases, however few its candidates.
+    monkeypatch.setattr(batch_fragmentation, "BATCH_FROM", 0)
     nodes = openb_nodes(OPENB / "openb_node_list_gpu_node.csv", CAT)[::12]
     pods, _ = openb_pods(OPENB / "openb_pod_list_default.csv", CAT, cpu_only=True)
     capacity = sum(len(n.inventory.gpus) for n in nodes) * 1000
