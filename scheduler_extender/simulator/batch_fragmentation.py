@@ -131,10 +131,10 @@ def batch_deltas(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], wor
                                  sum(min(levels.get(u.uuid, 0), m) for u, m in zip(r.chosen, shares)),
                                  scarcity_delta(job, s, r.chosen, scarcity, shares) if scarcity else 0.0)
         per_candidate.append(hit)
-    before_i, after_i, taken_milli, scarcities = (np.array(column) for column in zip(*per_candidate))
-    increase = _increases(workload, resource, host, rows, before_i.astype(np.intp), after_i.astype(np.intp),
-                          taken_milli.astype(np.float64))
-    return dict(zip(names, (increase + scarcities.astype(np.float64)).tolist()))
+    before_i, after_i, taken_milli, scarcities = zip(*per_candidate)
+    increase = _increases(workload, resource, host, rows, np.array(before_i, dtype=np.intp),
+                          np.array(after_i, dtype=np.intp), np.array(taken_milli, dtype=np.float64))
+    return dict(zip(names, (increase + np.array(scarcities, dtype=np.float64)).tolist()))
 
 
 class _Host:
@@ -159,9 +159,11 @@ def _increases(workload: WorkloadProfile, resource: str, host: _Host, rows: Mapp
     ``taken_milli`` thousandths of them."""
     # The rows' (model, level, count) entries, row after row; bins: the distinct (model, level).
     bins: dict[tuple[str, int], int] = {}
-    entries = [(bins.setdefault((m, level), len(bins)), level, n) for free in rows for m, level, n in free]
-    sizes = np.array([len(free) for free in rows], dtype=np.intp)
-    at_bin, level, count = (np.array(column, dtype=np.int64).reshape(-1) for column in (zip(*entries) if entries else ((), (), ())))
+    entries = [entry for free in rows for entry in free]
+    at_bin = np.array([bins.setdefault((m, lv), len(bins)) for m, lv, _ in entries], dtype=np.intp)
+    level = np.array([lv for _, lv, _ in entries], dtype=np.int64)
+    count = np.array([n for _, _, n in entries], dtype=np.int64)
+    sizes = np.array(list(map(len, rows)), dtype=np.intp)
     starts = np.cumsum(sizes) - sizes
     filled = sizes > 0
 
