@@ -139,6 +139,12 @@ class WorkloadProfile:
         """The device resources the workload has shapes for, sorted."""
         return tuple(sorted(self._by_resource))
 
+    def shares_of(self, resource: str) -> list[tuple[DemandShape, float]] | None:
+        """This resource's shapes with their shares (summing to 1), in the order the measures add
+        them up; None when the workload has none (callers must not modify the list)."""
+        group = self._by_resource.get(resource)
+        return None if group is None else group[0]
+
     def host_ranks(self, resource: str, cpu_milli_free: int | None,
                    memory_bytes_free: int | None) -> tuple[int | None, int | None]:
         """Where free CPU and memory fall among the requests of this resource's shapes (ranks;

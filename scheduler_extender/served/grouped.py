@@ -397,12 +397,11 @@ class GroupedEngine(Engine):
 
     ``fragmentation_deltas``: how the score computes the candidates' fragmentation increases,
     ``score.fragmentation_deltas`` or a function equal to it float for float (``gpuplace
-    simulate`` sets its numpy batch, ``simulator.batch_fragmentation``)."""
+    simulate``'s gpuplace policy sets its numpy batch, ``simulator.batch_fragmentation``)."""
 
-    def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None,
-                 fragmentation_deltas: FragmentationDeltas = fragmentation_deltas) -> None:
+    def __init__(self, policy: Policy | None = None, catalog: Catalog | None = None) -> None:
         super().__init__(policy, catalog)
-        self.fragmentation_deltas = fragmentation_deltas
+        self.fragmentation_deltas: FragmentationDeltas = fragmentation_deltas
         self._memo: OrderedDict[Hashable, tuple[dict[int, tuple[NodeState, NodeResult]], UnitVerdicts]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[Hashable, NodeScore]] = OrderedDict()
         self._host_pairs: dict[Hashable, int] = {}

@@ -70,8 +70,8 @@ class _ProfileArrays:
             self.profile = workload
             self.by_resource = {}
         if resource not in self.by_resource:
-            group = workload._by_resource.get(resource)
-            self.by_resource[resource] = None if group is None else _Shapes(group[0])
+            shares = workload.shares_of(resource)
+            self.by_resource[resource] = None if shares is None else _Shapes(shares)
         return self.by_resource[resource]
 
 
@@ -116,22 +116,24 @@ def batch_deltas(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], wor
     resource = job.req.resource
     rows = {}  # distinct free devices -> row
     # Per (view, free devices, chosen units): the rows before and after, the thousandths taken and
-    # the scarcity term; the parts of one class (same state but for CPU/memory) share them.
-    placed: dict[tuple[int, int, int], tuple[int, int, int, float]] = {}
+    # the scarcity term; the parts of one class (same state but for CPU/memory) share them. The
+    # levels are kept in the value, so that no id in a key is reused during the call (a ``free_of``
+    # may build them anew each time; the view and the chosen units are alive in ``gpu_pods``).
+    placed: dict[tuple[int, int, int], tuple[object, int, int, int, float]] = {}
     per_candidate = []
     for s, r in gpu_pods:
         levels, before = free_of(s, resource)
-        key = (id(s.view), id(levels), id(r.chosen))  # all alive in gpu_pods during the call
+        key = (id(s.view), id(levels), id(r.chosen))
         hit = placed.get(key)
         if hit is None:
             shares = shares_taken(job, s, r.chosen)
             taken = [(u, levels[u.uuid], m) for u, m in zip(r.chosen, shares) if u.uuid in levels]
             after = free_by_model_minus(before, taken) if taken else before
-            hit = placed[key] = (rows.setdefault(before, len(rows)), rows.setdefault(after, len(rows)),
+            hit = placed[key] = (levels, rows.setdefault(before, len(rows)), rows.setdefault(after, len(rows)),
                                  sum(min(levels.get(u.uuid, 0), m) for u, m in zip(r.chosen, shares)),
                                  scarcity_delta(job, s, r.chosen, scarcity, shares) if scarcity else 0.0)
         per_candidate.append(hit)
-    before_i, after_i, taken_milli, scarcities = zip(*per_candidate)
+    _, before_i, after_i, taken_milli, scarcities = zip(*per_candidate)
     increase = _increases(workload, resource, host, rows, np.array(before_i, dtype=np.intp),
                           np.array(after_i, dtype=np.intp), np.array(taken_milli, dtype=np.float64))
     return dict(zip(names, (increase + np.array(scarcities, dtype=np.float64)).tolist()))

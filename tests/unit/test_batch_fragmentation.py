@@ -61,7 +61,8 @@ def test_the_batch_equals_the_plain_loop_bit_for_bit(fleet, mix, gpus, milli, cp
     candidates = []
     for i, (model, free_levels, host_cpu, host_mem) in enumerate(fleet):
         state = _state(i, model, free_levels, host_cpu, host_mem)
-        free = [u for u in state.view.units(GPU) if free_models(state, GPU)[0].get(u.uuid, 0) > 0]
+        levels_free = free_models(state, GPU)[0]
+        free = [u for u in state.view.units(GPU) if levels_free.get(u.uuid, 0) > 0]
         candidates.append((state, NodeResult(state.name, True, chosen=tuple(free[:gpus or 0]))))
     plain = fragmentation_deltas(job, candidates, workload, scarcity)
     batch = batch_fragmentation.batch_deltas(job, candidates, workload, scarcity)
