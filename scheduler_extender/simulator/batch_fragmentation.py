@@ -3,8 +3,10 @@ computed for all the candidates of a scoring call at once, float for float.
 
 ``gpuplace simulate``'s gpuplace scores each GPU pod on a few hundred candidates against a
 learned workload of about a hundred shapes; candidate by candidate, ``WorkloadProfile._measure``
-and its callers were about a quarter of its decision time on the openb default list (py-spy,
-2026-11-28). Here the per-shape test of ``_measure`` runs over a matrix (rows: the distinct free
+and its callers were about a quarter of its decision time on the openb default list (2026-11-28,
+``py-spy record -f raw -- gpuplace simulate --trace openb --pods
+benchmarks/data/alibaba-openb-v2023/openb_pod_list_default.csv --baselines none --load 1.0
+--repeats 1``). Here the per-shape test of ``_measure`` runs over a matrix (rows: the distinct free
 devices before and after placing the pod, columns: the workload's shapes):
 
 - devices a shape may use with its share free, and the free thousandths below its share, are
@@ -78,11 +80,12 @@ class _ProfileArrays:
 _ARRAYS = _ProfileArrays()
 
 
-BATCH_FROM = 64
-"""Candidates from which a scoring call takes the batch; below, the plain loop, whose profile memos
-answer small calls sooner than the batch's fixed cost of some fifty numpy calls (openb default
-list, 3,000 calls replayed: under 64 candidates the batch took 50-120 us longer a call, above it
-85-500 us less)."""
+BATCH_FROM = 16
+"""Candidates from which a scoring call takes the batch; below, the plain loop, which answers such
+small calls sooner than the batch's fixed cost of some fifty numpy calls. ``python -m
+benchmarks.micro_batch`` (4,000 arrivals of each openb list, 2026-11-28): under 8 candidates the
+batch took 69-155 us longer a call, at 8-15 between 45 us less and 83 us longer, from 16 on
+53 us less and more (1.5 to 8.9 ms less from 256 candidates)."""
 
 
 def fragmentation_deltas(job: Job, gpu_pods: Sequence[tuple[NodeState, NodeResult]], workload: WorkloadProfile,

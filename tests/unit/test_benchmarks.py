@@ -4,7 +4,7 @@ sizes, no timing asserted — speed is reported by ``make bench``, never asserte
 import json
 from collections import Counter
 
-from benchmarks import bench_cache, bench_extender, micro_cpu_only, micro_extender, micro_scheduler
+from benchmarks import bench_cache, bench_extender, micro_batch, micro_cpu_only, micro_extender, micro_scheduler
 from benchmarks.cluster import NODE_MIX, generate_cluster, generate_pods
 from node_agent.inventory import parse_inventory
 from scheduler_extender.core.engine import Engine
@@ -130,3 +130,9 @@ def test_the_soak_runs_every_hostile_kind_and_gets_no_server_error():
     assert got["answers_by_status"].get(200) and got["answers_by_status"].get(413)
     assert not [s for s in got["answers_by_status"] if s >= 500] and not got["client_errors"]
     assert any(line.startswith("RSS after the first interval") for line in lines)
+
+
+def test_batch_benchmark_replays_openb_calls_and_checks_the_batch_against_the_plain_loop(capsys):
+    micro_batch.main(["--list", "multigpu50", "--pods", "40"])
+    out = capsys.readouterr().out
+    assert "scoring calls" in out and "candidates:" in out
